@@ -1,0 +1,1 @@
+"""The `dilu` command line."""

@@ -1,0 +1,41 @@
+"""The CLI's thin HTTP client for the gateway; every failure becomes a one-line message."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+
+class CliError(Exception):
+    """Shown to the user as ``error: <message>`` with exit status 1."""
+
+
+class GatewayClient:
+    def __init__(self, base_url: str, timeout: float = 30.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout)
+
+    def request(self, method: str, path: str, *, expect_json: bool = True, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.ConnectError:
+            raise CliError(f"cannot reach the Dilu gateway at {self.base_url} "
+                           "(is `dilu up` running? set DILU_URL to point elsewhere)") from None
+        except httpx.TimeoutException:
+            raise CliError(f"the gateway at {self.base_url} did not answer in time") from None
+        if response.status_code >= 400:
+            raise CliError(_error_text(response))
+        return response
+
+    def json(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self.request(method, path, **kwargs).json()
+
+
+def _error_text(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+        message = body.get("error") if isinstance(body, dict) else None
+    except ValueError:
+        message = None
+    return message or f"HTTP {response.status_code}: {response.text[:500]}"

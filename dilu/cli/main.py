@@ -1,0 +1,327 @@
+"""`dilu`: run the platform and manage functions."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from dilu.cli.client import CliError, GatewayClient
+from dilu.config import AllInOneSettings, CliSettings, ControllerSettings, GatewaySettings, WorkerSettings
+
+app = typer.Typer(help="Dilu: serverless deep-learning functions on GPUs.", no_args_is_help=True,
+                  pretty_exceptions_enable=False, add_completion=False)
+spec_app = typer.Typer(help="The model.yaml function spec.", no_args_is_help=True)
+app.add_typer(spec_app, name="spec")
+out = Console()
+err = Console(stderr=True)
+
+
+def _client(timeout: float = 30.0) -> GatewayClient:
+    return GatewayClient(CliSettings().url, timeout=timeout)
+
+
+def _fail(message: str) -> None:
+    err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(1)
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+# ---------------------------------------------------------------- running the platform
+@app.command()
+def up(
+    demo: Annotated[bool, typer.Option(help="Deploy the examples once the platform is up")] = False,
+    host: Annotated[str | None, typer.Option(help="Gateway address (DILU_HOST)")] = None,
+    port: Annotated[int | None, typer.Option(help="Gateway port; 0 picks a free one (DILU_PORT)")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Run gateway, controller and workers in one process (SQLite + in-process state by default)."""
+    from dilu.roles import examples_dir, run_all_in_one
+
+    _setup_logging(verbose)
+    overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
+    settings = AllInOneSettings(**overrides)
+
+    async def ready(url: str) -> None:
+        out.print(f"Dilu is up at {url}  (state in {settings.home}; Ctrl-C stops it)", highlight=False)
+        if demo:
+            await asyncio.to_thread(_deploy_examples, url)
+
+    asyncio.run(run_all_in_one(settings, ready))
+
+
+def _deploy_examples(url: str) -> None:
+    from dilu.roles import examples_dir
+
+    folder = examples_dir()
+    if folder is None:
+        err.print("no examples folder found; --demo needs a clone of the repository")
+        return
+    client = GatewayClient(url)
+    for spec_file in sorted(folder.glob("*/model.yaml")):
+        try:
+            function = client.json("POST", "/v1/functions", json={
+                "yaml": spec_file.read_text(encoding="utf-8"), "source_dir": str(spec_file.parent.resolve())})
+            out.print(f"demo: deployed {function['name']}  ->  POST {function['invoke_url']}"
+                      f"  (sample: {spec_file.parent / 'request.json'})", highlight=False)
+        except CliError as exc:
+            err.print(f"demo: {spec_file}: {exc}")
+
+
+@app.command()
+def gateway(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:
+    """Run the gateway alone (needs DILU_DATABASE_URL and DILU_REDIS_URL shared with the others)."""
+    from dilu.roles import run_gateway
+
+    _setup_logging(verbose)
+    settings = GatewaySettings()
+
+    async def ready(url: str) -> None:
+        out.print(f"Dilu gateway at {url}", highlight=False)
+
+    asyncio.run(run_gateway(settings, ready))
+
+
+@app.command()
+def controller(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:
+    """Run the controller alone."""
+    from dilu.roles import run_controller
+
+    _setup_logging(verbose)
+    try:
+        asyncio.run(run_controller(ControllerSettings()))
+    except KeyboardInterrupt:
+        pass
+
+
+@app.command()
+def worker(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:
+    """Run a worker agent for each device of this host (API on DILU_PORT, DILU_PORT+1, ...)."""
+    from dilu.roles import run_worker
+
+    _setup_logging(verbose)
+
+    async def ready(url: str) -> None:
+        out.print(f"Dilu worker at {url}", highlight=False)
+
+    asyncio.run(run_worker(WorkerSettings(), ready))
+
+
+@app.command()
+def migrate() -> None:
+    """Create or upgrade the database schema (the prestart step of a multi-role deployment)."""
+    from dilu.config import CommonSettings
+    from dilu.db.engine import migrate as run_migrations
+
+    url = CommonSettings().effective_database_url
+    run_migrations(url)
+    out.print(f"database at {url.split('@')[-1]} is up to date", highlight=False)
+
+
+# ---------------------------------------------------------------- managing functions
+@app.command()
+def deploy(
+    file: Annotated[Path, typer.Argument(help="model.yaml")],
+    wait: Annotated[bool, typer.Option(help="Wait until the function is ready or failed")] = True,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait")] = 600.0,
+) -> None:
+    """Deploy (or update) a function and show its progress until it is ready."""
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        _fail(f"{file}: no such file")
+    except (IsADirectoryError, UnicodeDecodeError, PermissionError) as exc:
+        _fail(f"{file}: cannot read it ({exc})")
+    client = _client()
+    try:
+        function = client.json("POST", "/v1/functions",
+                               json={"yaml": text, "source_dir": str(file.resolve().parent)})
+        name, version = function["name"], function["version"]
+        out.print(f"deploying {name} (version {version})", highlight=False)
+        if not wait:
+            return
+        deadline = time.monotonic() + timeout
+        with err.status(f"starting {name} ...") as status:
+            while True:
+                function = client.json("GET", f"/v1/functions/{name}")
+                if function["version"] != version:
+                    _fail(f"{name} was redeployed meanwhile (now version {function['version']})")
+                if function["status"] == "ready":
+                    break
+                if function["status"] == "failed":
+                    _fail(f"{name} failed to start: {function['error']}\n"
+                          f"       see `dilu logs {name}` for the full output")
+                if time.monotonic() > deadline:
+                    _fail(f"{name} was not ready within {timeout:g}s")
+                status.update(f"starting {name}: {function['starting_instances']} instance(s) loading")
+                time.sleep(0.25)
+    except CliError as exc:
+        _fail(str(exc))
+    out.print(f"[green]ready[/green]: {name}  ->  POST {function['invoke_url']}", highlight=False)
+
+
+@app.command("ls")
+def list_functions() -> None:
+    """List functions."""
+    try:
+        functions = _client().json("GET", "/v1/functions")
+    except CliError as exc:
+        _fail(str(exc))
+    table = Table("NAME", "VERSION", "STATUS", "READY", "STARTING", "REQUESTS", "CLASS")
+    for f in functions:
+        table.add_row(f["name"], str(f["version"]), f["status"], str(f["ready_instances"]),
+                      str(f["starting_instances"]), str(f["requests_total"]), f["spec"]["class"])
+    out.print(table)
+
+
+@app.command()
+def describe(name: str) -> None:
+    """Show a function: spec, status, instances and recent scaling events."""
+    client = _client()
+    try:
+        function = client.json("GET", f"/v1/functions/{name}")
+        instances = client.json("GET", f"/v1/functions/{name}/instances")
+        events = client.json("GET", f"/v1/functions/{name}/events", params={"limit": 10})
+    except CliError as exc:
+        _fail(str(exc))
+    out.print(f"[bold]{function['name']}[/bold]  version {function['version']}  status {function['status']}")
+    if function["error"]:
+        out.print(f"error: {function['error']}", highlight=False)
+    out.print(f"invoke: POST {function['invoke_url']}", highlight=False)
+    out.print(f"requests: {function['requests_total']}   source: {function['source_dir']}", highlight=False)
+    out.print_json(json.dumps(function["spec"]))
+    table = Table("INSTANCE", "WORKER", "VERSION", "STATE", "ENDPOINT")
+    for i in instances:
+        table.add_row(i["id"], i["worker_id"], str(i["version"]), i["state"], i["endpoint"] or "-")
+    out.print(table)
+    for e in events:
+        out.print(f"{e['at']}  {e['action']:<14} {e['reason']}", highlight=False)
+
+
+@app.command()
+def invoke(
+    name: str,
+    data: Annotated[str, typer.Option("--data", "-d", help="JSON text, or @file to read it from a file")] = "{}",
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the answer")] = 300.0,
+) -> None:
+    """Invoke a function with one JSON input and print its JSON result."""
+    if data.startswith("@"):
+        try:
+            data = Path(data[1:]).read_text(encoding="utf-8")
+        except OSError as exc:
+            _fail(f"cannot read {data[1:]}: {exc.strerror or exc}")
+    try:
+        json.loads(data)
+    except ValueError as exc:
+        _fail(f"--data is not valid JSON: {exc}")
+    try:
+        response = _client(timeout).request("POST", f"/v1/functions/{name}/invoke", content=data.encode(),
+                                            headers={"content-type": "application/json"})
+    except CliError as exc:
+        _fail(str(exc))
+    sys.stdout.write(response.text + "\n")
+
+
+@app.command()
+def logs(
+    name: str,
+    tail: Annotated[int, typer.Option(help="Lines per instance")] = 100,
+    instances: Annotated[int, typer.Option(help="How many of the newest instances")] = 3,
+) -> None:
+    """Print the logs of a function's newest instances (failed ones included)."""
+    try:
+        result = _client().json("GET", f"/v1/functions/{name}/logs",
+                                params={"tail": tail, "instances": instances})
+    except CliError as exc:
+        _fail(str(exc))
+    if not result["instances"]:
+        out.print(f"{name} has no instances yet")
+    for item in result["instances"]:
+        out.print(f"==> {item['instance']} ({item['state']}) <==", highlight=False, style="bold")
+        if item["error"]:
+            out.print(f"error: {item['error']}", highlight=False)
+        sys.stdout.write(item["log"].rstrip("\n") + "\n")
+        sys.stdout.flush()
+
+
+@app.command()
+def rm(name: str) -> None:
+    """Delete a function and stop its instances."""
+    try:
+        _client().json("DELETE", f"/v1/functions/{name}")
+    except CliError as exc:
+        _fail(str(exc))
+    out.print(f"deleted {name}")
+
+
+@app.command()
+def events(name: str, limit: Annotated[int, typer.Option()] = 50) -> None:
+    """Scaling decisions for a function, with their reasons."""
+    try:
+        items = _client().json("GET", f"/v1/functions/{name}/events", params={"limit": limit})
+    except CliError as exc:
+        _fail(str(exc))
+    for e in items:
+        out.print(f"{e['at']}  {e['action']:<14} {e['reason']}", highlight=False)
+
+
+@app.command()
+def status() -> None:
+    """Platform status: workers, devices, functions, instances."""
+    try:
+        info: dict[str, Any] = _client().json("GET", "/v1/status")
+    except CliError as exc:
+        _fail(str(exc))
+    out.print(f"gateway {info['gateway']}   database {info['database']}   state {info['state_store']}",
+              highlight=False)
+    table = Table("WORKER", "STATE", "DEVICE", "MEMORY", "INSTANCES")
+    for w in info["workers"]:
+        table.add_row(w["id"], w["state"], f"{w['device']} ({w['device_name']})",
+                      f"{w['memory_bytes'] / 2**30:.1f} GiB", str(w["instances"]))
+    out.print(table)
+    by_status = ", ".join(f"{k}: {v}" for k, v in info["functions"]["by_status"].items()) or "none"
+    out.print(f"functions: {info['functions']['total']} ({by_status})   instances: {info['instances']}",
+              highlight=False)
+
+
+@spec_app.command("schema")
+def spec_schema() -> None:
+    """Print the JSON schema of model.yaml."""
+    from dilu.spec import json_schema
+
+    sys.stdout.write(json.dumps(json_schema(), indent=2) + "\n")
+
+
+@spec_app.command("check")
+def spec_check(file: Path) -> None:
+    """Validate a model.yaml locally (field errors name the line)."""
+    from dilu.source import check_handler_source
+    from dilu.spec import SpecError, make_spec
+
+    try:
+        spec = make_spec(file.read_text(encoding="utf-8"))
+        check_handler_source(file.resolve().parent, spec.handler)
+    except FileNotFoundError:
+        _fail(f"{file}: no such file")
+    except SpecError as exc:
+        _fail(f"{file}: {exc}")
+    out.print(f"{file}: ok ({spec.name})", highlight=False)
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)

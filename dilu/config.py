@@ -1,0 +1,114 @@
+"""Settings for every role: one pydantic-settings class each; nothing else reads os.environ.
+
+All variables start with ``DILU_``. Settings are built in the app factory or CLI command,
+never at import time, so tests can pass their own values.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, computed_field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_home() -> Path:
+    return Path.home() / ".dilu"
+
+
+class CommonSettings(BaseSettings):
+    """What every role shares: where state lives."""
+
+    model_config = SettingsConfigDict(env_prefix="DILU_", extra="ignore")
+
+    home: Path = Field(default_factory=default_home, description="State folder for the embedded default")
+    database_url: str | None = Field(None, description="SQLAlchemy URL; SQLite under home when unset")
+    redis_url: str | None = Field(None, description="Redis URL; in-process store when unset")
+    redis_prefix: str = Field("dilu:", description="Prefix of every Redis key and channel")
+
+    @field_validator("database_url")
+    @classmethod
+    def _normalise_postgres_driver(cls, value: str | None) -> str | None:
+        # Users write postgresql://...; the installed driver is psycopg 3.
+        if value and value.startswith("postgresql://"):
+            return "postgresql+psycopg://" + value[len("postgresql://"):]
+        if value and value.startswith("postgres://"):
+            return "postgresql+psycopg://" + value[len("postgres://"):]
+        return value
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def effective_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.home / 'dilu.db'}"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.home / "logs"
+
+
+class GatewaySettings(CommonSettings):
+    """The public HTTP API."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    max_request_bytes: int = Field(10 * 1024 * 1024, gt=0, description="Largest accepted invoke body")
+    queue_size: int = Field(64, gt=0, description="Requests that may wait per function during a cold start")
+    queue_timeout_s: float = Field(60.0, gt=0, description="How long a queued request waits for an instance")
+    request_timeout_s: float = Field(300.0, gt=0, description="Upper bound on one forwarded request")
+    routes_refresh_s: float = Field(2.0, gt=0, description="Full routing-table refresh, beside events")
+    stats_flush_s: float = Field(0.5, gt=0, description="How often request counters reach the state store")
+
+
+class ControllerSettings(CommonSettings):
+    """The control loops."""
+
+    reconcile_interval_s: float = Field(0.5, gt=0)
+    worker_ttl_s: float = Field(5.0, gt=0, description="A worker silent this long is lost")
+    default_keep_alive_s: float = Field(60.0, ge=0)
+
+
+class WorkerSettings(CommonSettings):
+    """One worker agent (one GPU, or the CPU)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8081, ge=0, le=65535)
+    runtime: str = Field("process", description="Runtime backend: process (docker arrives later)")
+    heartbeat_s: float = Field(1.0, gt=0)
+    worker_ttl_s: float = Field(5.0, gt=0)
+    health_poll_s: float = Field(0.1, gt=0, description="Health-check period of starting instances")
+    stop_grace_s: float = Field(5.0, ge=0, description="SIGTERM to SIGKILL delay")
+    startup_timeout_s: float = Field(300.0, gt=0, description="Instance load must finish within this")
+    python: str | None = Field(None, description="Interpreter for instances; this one when unset")
+    gpus: str | None = Field(None, description="'none' forces a CPU worker; otherwise all GPUs found")
+
+    @field_validator("runtime")
+    @classmethod
+    def _known_runtime(cls, value: str) -> str:
+        if value not in {"process"}:
+            raise ValueError(f"unknown runtime {value!r}; known: process")
+        return value
+
+
+class AllInOneSettings(GatewaySettings, ControllerSettings, WorkerSettings):
+    """`dilu up`: every role in one process. The gateway's host and port win."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+
+
+class CliSettings(BaseSettings):
+    """The CLI only needs to know where the gateway is."""
+
+    model_config = SettingsConfigDict(env_prefix="DILU_", extra="ignore")
+
+    url: str = "http://127.0.0.1:8080"
+
+
+class InstanceSettings(BaseSettings):
+    """What the worker passes into an instance process."""
+
+    model_config = SettingsConfigDict(env_prefix="DILU_", extra="ignore")
+
+    instance_config: str | None = Field(None, description="JSON file describing the instance")
+    listen_fd: int | None = Field(None, description="Inherited listening socket")
+    device: str = Field("cpu", description="cuda on GPU workers, cpu elsewhere")

@@ -1,0 +1,1 @@
+"""The control loops: read state, call policy, act through workers."""

@@ -1,0 +1,43 @@
+"""Folding what workers report into instance rows (pure bookkeeping, no I/O)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from dilu.messages import FAILED, READY, STARTING, STOPPED, STOPPING, InstanceStatus
+
+UNKNOWN_GRACE_S = 15.0
+
+
+@dataclass(frozen=True)
+class RowView:
+    id: str
+    state: str
+    created_at: datetime
+
+
+def fold(row: RowView, status: InstanceStatus | None, now: datetime) -> dict[str, Any] | None:
+    """Column updates that bring ``row`` in line with the worker's ``status``; None if none.
+
+    A row the worker does not know (after the grace for a start in flight) has failed: the worker
+    restarted or dropped it.
+    """
+    if status is None:
+        if (now - row.created_at).total_seconds() > UNKNOWN_GRACE_S:
+            return {"state": FAILED, "error": "the worker no longer knows this instance", "ended_at": now}
+        return None
+    if status.state == row.state:
+        return None
+    updates: dict[str, Any] = {"state": status.state}
+    if status.endpoint:
+        updates["endpoint"] = status.endpoint
+    if status.state == READY:
+        updates["ready_at"] = now
+    if status.state in (FAILED, STOPPED):
+        updates["ended_at"] = now
+        updates["error"] = status.error
+    if status.state == STARTING and row.state in (STOPPING,):
+        return None  # a stop is in flight; the worker's older view must not undo it
+    return updates

@@ -1,0 +1,1 @@
+"""Durable state: SQLAlchemy models, the engine factory and the repository functions."""

@@ -1,0 +1,84 @@
+"""Database tables (the schema itself is created only by Alembic migrations)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, String, Text, BigInteger
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class FunctionRow(Base):
+    """A deployed function; ``version`` grows with every redeploy."""
+
+    __tablename__ = "functions"
+
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, default=1)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    source_dir: Mapped[str] = mapped_column(Text)
+    # deploying -> ready | failed
+    status: Mapped[str] = mapped_column(String(16), default="deploying")
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    requests_total: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class WorkerRow(Base):
+    """A worker agent and the device it owns."""
+
+    __tablename__ = "workers"
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    host: Mapped[str] = mapped_column(String(255))
+    url: Mapped[str | None] = mapped_column(Text, nullable=True)
+    device_kind: Mapped[str] = mapped_column(String(8))  # gpu | cpu
+    device_uuid: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    device_name: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    memory_bytes: Mapped[int] = mapped_column(BigInteger)
+    state: Mapped[str] = mapped_column(String(16), default="alive")  # alive | lost
+    last_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class InstanceRow(Base):
+    """One running (or finished) copy of a function on a worker."""
+
+    __tablename__ = "instances"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    function: Mapped[str] = mapped_column(String(63), ForeignKey("functions.name", ondelete="CASCADE"), index=True)
+    function_version: Mapped[int] = mapped_column(Integer)
+    worker_id: Mapped[str] = mapped_column(String(128), index=True)
+    # starting -> ready -> stopping -> stopped; failed (crashed or never loaded); lost (worker lost)
+    state: Mapped[str] = mapped_column(String(16), default="starting")
+    endpoint: Mapped[str | None] = mapped_column(Text, nullable=True)
+    memory_bytes: Mapped[int] = mapped_column(BigInteger)
+    sm_request: Mapped[float | None] = mapped_column(Float, nullable=True)
+    sm_limit: Mapped[float | None] = mapped_column(Float, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    ready_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class ScalingEventRow(Base):
+    """Audit trail of every scaling decision, with its reason."""
+
+    __tablename__ = "scaling_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    function: Mapped[str] = mapped_column(String(63), index=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    action: Mapped[str] = mapped_column(String(32))
+    reason: Mapped[str] = mapped_column(Text)
+    instance_id: Mapped[str | None] = mapped_column(String(64), nullable=True)

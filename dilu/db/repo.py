@@ -1,0 +1,149 @@
+"""Repository functions: every database write goes through one of these (keyword-only)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.orm import Session
+
+from dilu.db.models import FunctionRow, InstanceRow, ScalingEventRow, WorkerRow, utcnow
+from dilu.messages import ACTIVE_STATES, WorkerInfo
+
+
+def upsert_function(*, session: Session, spec: dict, source_dir: str) -> tuple[FunctionRow, bool]:
+    """Creates the function or replaces its spec with a new version; returns (row, created)."""
+    now = utcnow()
+    row = session.get(FunctionRow, spec["name"])
+    created = row is None
+    if row is None:
+        row = FunctionRow(name=spec["name"], version=1, spec=spec, source_dir=source_dir,
+                          status="deploying", created_at=now, updated_at=now, requests_total=0)
+        session.add(row)
+    else:
+        row.version += 1
+        row.spec = spec
+        row.source_dir = source_dir
+        row.status = "deploying"
+        row.error = None
+        row.updated_at = now
+    session.commit()
+    return row, created
+
+
+def get_function(*, session: Session, name: str) -> FunctionRow | None:
+    return session.get(FunctionRow, name)
+
+
+def list_functions(*, session: Session) -> list[FunctionRow]:
+    return list(session.scalars(select(FunctionRow).order_by(FunctionRow.name)))
+
+
+def delete_function(*, session: Session, name: str) -> bool:
+    row = session.get(FunctionRow, name)
+    if row is None:
+        return False
+    session.execute(delete(InstanceRow).where(InstanceRow.function == name))
+    session.delete(row)
+    session.commit()
+    return True
+
+
+def set_function_status(*, session: Session, name: str, version: int, status: str,
+                        error: str | None = None) -> bool:
+    """Sets the status only if ``version`` is still current (a redeploy wins over stale news)."""
+    result = session.execute(
+        update(FunctionRow)
+        .where(FunctionRow.name == name, FunctionRow.version == version)
+        .values(status=status, error=error, updated_at=utcnow())
+    )
+    session.commit()
+    return result.rowcount > 0
+
+
+def add_request_counts(*, session: Session, counts: dict[str, int]) -> None:
+    for name, count in counts.items():
+        session.execute(update(FunctionRow).where(FunctionRow.name == name)
+                        .values(requests_total=FunctionRow.requests_total + count))
+    session.commit()
+
+
+def upsert_workers(*, session: Session, workers: Iterable[WorkerInfo], now: datetime) -> None:
+    """Records live workers (from heartbeats) as alive."""
+    for info in workers:
+        row = session.get(WorkerRow, info.id)
+        if row is None:
+            row = WorkerRow(id=info.id)
+            session.add(row)
+        row.host, row.url = info.host, info.url
+        row.device_kind, row.device_uuid = info.device.kind, info.device.uuid
+        row.device_name, row.memory_bytes = info.device.name, info.device.memory_bytes
+        row.state, row.last_seen = "alive", now
+    session.commit()
+
+
+def mark_workers_lost(*, session: Session, worker_ids: Iterable[str], now: datetime) -> None:
+    """Marks workers lost and their active instances lost with them."""
+    ids = list(worker_ids)
+    if not ids:
+        return
+    session.execute(update(WorkerRow).where(WorkerRow.id.in_(ids)).values(state="lost"))
+    session.execute(
+        update(InstanceRow)
+        .where(InstanceRow.worker_id.in_(ids), InstanceRow.state.in_(ACTIVE_STATES | {"stopping"}))
+        .values(state="lost", ended_at=now, error="worker lost")
+    )
+    session.commit()
+
+
+def list_workers(*, session: Session) -> list[WorkerRow]:
+    return list(session.scalars(select(WorkerRow).order_by(WorkerRow.id)))
+
+
+def create_instance(*, session: Session, row: InstanceRow) -> InstanceRow:
+    session.add(row)
+    session.commit()
+    return row
+
+
+def update_instance(*, session: Session, instance_id: str, **values: object) -> None:
+    session.execute(update(InstanceRow).where(InstanceRow.id == instance_id).values(**values))
+    session.commit()
+
+
+def list_instances(*, session: Session, function: str | None = None,
+                   active_only: bool = False) -> list[InstanceRow]:
+    query = select(InstanceRow).order_by(InstanceRow.created_at)
+    if function is not None:
+        query = query.where(InstanceRow.function == function)
+    if active_only:
+        query = query.where(InstanceRow.state.in_(ACTIVE_STATES | {"stopping"}))
+    return list(session.scalars(query))
+
+
+def prune_instances(*, session: Session, keep_ended: int) -> None:
+    """Keeps the newest ``keep_ended`` ended instances per function (their logs stay readable)."""
+    ended = list(session.scalars(
+        select(InstanceRow).where(InstanceRow.state.not_in(ACTIVE_STATES | {"stopping"}))
+        .order_by(InstanceRow.function, InstanceRow.created_at.desc())))
+    seen: dict[str, int] = {}
+    for row in ended:
+        seen[row.function] = seen.get(row.function, 0) + 1
+        if seen[row.function] > keep_ended:
+            session.delete(row)
+    session.commit()
+
+
+def record_event(*, session: Session, function: str, action: str, reason: str,
+                 instance_id: str | None = None) -> None:
+    session.add(ScalingEventRow(function=function, action=action, reason=reason,
+                                instance_id=instance_id, at=utcnow()))
+    session.commit()
+
+
+def list_events(*, session: Session, function: str | None = None, limit: int = 100) -> list[ScalingEventRow]:
+    query = select(ScalingEventRow).order_by(ScalingEventRow.id.desc()).limit(limit)
+    if function is not None:
+        query = query.where(ScalingEventRow.function == function)
+    return list(reversed(list(session.scalars(query))))

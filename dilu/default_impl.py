@@ -1,0 +1,49 @@
+"""Factories for the replaceable parts, chosen by configuration only."""
+
+from __future__ import annotations
+
+import socket
+
+import httpx
+
+from dilu.config import CommonSettings, WorkerSettings
+from dilu.messages import DeviceInfo
+from dilu.policy.placement import FirstFitScheduler, Scheduler
+from dilu.state.base import StateStore
+from worker.runtimes.base import RuntimeBackend
+
+
+def create_store(settings: CommonSettings) -> StateStore:
+    """Redis when DILU_REDIS_URL is set, else the in-process store."""
+    if settings.redis_url:
+        from dilu.state.redis_store import RedisStore
+
+        return RedisStore(settings.redis_url, settings.redis_prefix)
+    from dilu.state.memory import MemoryStore
+
+    return MemoryStore()
+
+
+def create_scheduler(name: str = "first-fit") -> Scheduler:
+    if name == "first-fit":
+        return FirstFitScheduler()
+    raise ValueError(f"unknown scheduler {name!r}; known: first-fit")
+
+
+def create_backend(settings: WorkerSettings) -> RuntimeBackend:
+    if settings.runtime == "process":
+        from worker.runtimes.process import ProcessBackend
+
+        return ProcessBackend(state_dir=settings.home, python=settings.python, host="127.0.0.1")
+    raise ValueError(f"unknown runtime {settings.runtime!r}; known: process")
+
+
+def create_http_client() -> httpx.AsyncClient:
+    """The pooled client used to reach instances and workers."""
+    return httpx.AsyncClient(limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256),
+                             timeout=httpx.Timeout(30.0, connect=5.0))
+
+
+def worker_id(device: DeviceInfo) -> str:
+    host = socket.gethostname()
+    return f"{host}-gpu{device.index}" if device.kind == "gpu" else f"{host}-cpu"

@@ -1,0 +1,102 @@
+"""Plain dataclasses that cross role and process boundaries (never live handles)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# Instance states as the worker observes them.
+STARTING, READY, STOPPING, STOPPED, FAILED, LOST = "starting", "ready", "stopping", "stopped", "failed", "lost"
+ACTIVE_STATES = frozenset({STARTING, READY})
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """The device a worker owns: one GPU, or the host CPU."""
+
+    kind: str  # "gpu" | "cpu"
+    uuid: str | None
+    name: str
+    memory_bytes: int
+    index: int | None = None
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """What a worker announces in each heartbeat."""
+
+    id: str
+    host: str
+    url: str | None
+    device: DeviceInfo
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "WorkerInfo":
+        return cls(id=data["id"], host=data["host"], url=data.get("url"), device=DeviceInfo(**data["device"]))
+
+
+@dataclass(frozen=True)
+class StartInstance:
+    """The controller's order to start one instance of a function on a worker."""
+
+    instance_id: str
+    function: str
+    version: int
+    spec: dict[str, Any]
+    source_dir: str
+    memory_bytes: int
+    sm_request: float | None = None
+    sm_limit: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "StartInstance":
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class InstanceStatus:
+    """An instance as its worker sees it now."""
+
+    instance_id: str
+    function: str
+    version: int
+    state: str
+    endpoint: str | None = None
+    error: str | None = None
+    pid: int | None = None
+    exit_code: int | None = None
+    was_ready: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "InstanceStatus":
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A ready instance the gateway may route to."""
+
+    instance_id: str
+    url: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class FunctionActivity:
+    """Per-function load as the gateways last reported it (summed over gateways)."""
+
+    in_flight: int = 0
+    queued: int = 0
+    last_request_at: float | None = None
+    requests: dict[int, int] = field(default_factory=dict)  # unix second -> count

@@ -1,0 +1,1 @@
+"""Pure decision code: plain data in, decisions out; time is always an argument."""

@@ -1,0 +1,158 @@
+"""Running the roles: all in one process (`dilu up`) or each alone (gateway, controller, worker)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import uvicorn
+
+from dilu.config import AllInOneSettings, ControllerSettings, GatewaySettings, WorkerSettings
+from dilu.controller.reconciler import Reconciler
+from dilu.db.engine import make_engine, make_session_factory, migrate
+from dilu.default_impl import create_backend, create_http_client, create_scheduler, create_store, worker_id
+from dilu.messages import WorkerInfo
+from gateway.app import create_app
+from gateway.services import GatewayServices
+from worker.agent import WorkerAgent
+from worker.api import create_worker_api
+from worker.client import InProcessWorkerClient, WorkerDirectory
+from worker.devices import discover_devices
+
+log = logging.getLogger(__name__)
+OnReady = Callable[[str], Awaitable[None]]
+
+
+def _bound_url(server: uvicorn.Server, host: str) -> str:
+    port = server.servers[0].sockets[0].getsockname()[1]
+    return f"http://{host}:{port}"
+
+
+async def _serve(server: uvicorn.Server, host: str, on_ready: OnReady | None,
+                 background: list[asyncio.Task]) -> None:
+    """Runs uvicorn until it exits (Ctrl-C or SIGTERM), with ``background`` tasks beside it."""
+    serving = asyncio.create_task(server.serve())
+    while not server.started:
+        if serving.done():
+            await serving  # re-raises a bind error
+            return
+        await asyncio.sleep(0.05)
+    if on_ready is not None:
+        await on_ready(_bound_url(server, host))
+    try:
+        await serving
+    finally:
+        for task in background:
+            task.cancel()
+        for task in background:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+def _make_agents(settings: WorkerSettings, store, url_for=None) -> list[WorkerAgent]:  # noqa: ANN001
+    backend = create_backend(settings)
+    agents = []
+    for position, device in enumerate(discover_devices(settings.gpus)):
+        info = WorkerInfo(id=worker_id(device), host=socket.gethostname(),
+                          url=url_for(position) if url_for else None, device=device)
+        agents.append(WorkerAgent(
+            info=info, backend=backend, store=store, logs_dir=settings.logs_dir,
+            heartbeat_s=settings.heartbeat_s, worker_ttl_s=settings.worker_ttl_s,
+            health_poll_s=settings.health_poll_s, stop_grace_s=settings.stop_grace_s,
+            startup_timeout_s=settings.startup_timeout_s))
+    return agents
+
+
+async def run_all_in_one(settings: AllInOneSettings, on_ready: OnReady | None = None) -> None:
+    """`dilu up`: gateway, controller and one worker per device in this process."""
+    settings.home.mkdir(parents=True, exist_ok=True)
+    url = settings.effective_database_url
+    await asyncio.to_thread(migrate, url)
+    engine = make_engine(url)
+    sessions = make_session_factory(engine)
+    store = create_store(settings)
+    http = create_http_client()
+    directory = WorkerDirectory(http)
+    agents = _make_agents(settings, store)
+    for agent in agents:
+        directory.register_local(agent.info.id, InProcessWorkerClient(agent))
+    reconciler = Reconciler(sessions=sessions, store=store, directory=directory, scheduler=create_scheduler(),
+                            interval_s=settings.reconcile_interval_s, stop_grace_s=settings.stop_grace_s)
+
+    async def build() -> GatewayServices:
+        return GatewayServices(settings=settings, sessions=sessions, store=store, directory=directory, http=http)
+
+    app = create_app(build)
+    server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
+                                           access_log=False, timeout_graceful_shutdown=10))
+    background = [asyncio.create_task(agent.run()) for agent in agents]
+    background.append(asyncio.create_task(reconciler.run()))
+    try:
+        await _serve(server, settings.host, on_ready, background)
+    finally:
+        await reconciler.shutdown()
+        await asyncio.gather(*(agent.shutdown() for agent in agents), return_exceptions=True)
+        await http.aclose()
+        await store.close()
+        engine.dispose()
+
+
+async def run_gateway(settings: GatewaySettings, on_ready: OnReady | None = None) -> None:
+    engine = make_engine(settings.effective_database_url)
+    sessions = make_session_factory(engine)
+    store = create_store(settings)
+    http = create_http_client()
+
+    async def build() -> GatewayServices:
+        return GatewayServices(settings=settings, sessions=sessions, store=store,
+                               directory=WorkerDirectory(http), http=http)
+
+    server = uvicorn.Server(uvicorn.Config(create_app(build), host=settings.host, port=settings.port,
+                                           log_level="warning", access_log=False))
+    try:
+        await _serve(server, settings.host, on_ready, [])
+    finally:
+        await http.aclose()
+        await store.close()
+        engine.dispose()
+
+
+async def run_controller(settings: ControllerSettings) -> None:
+    engine = make_engine(settings.effective_database_url)
+    store = create_store(settings)
+    http = create_http_client()
+    reconciler = Reconciler(sessions=make_session_factory(engine), store=store, directory=WorkerDirectory(http),
+                            scheduler=create_scheduler(), interval_s=settings.reconcile_interval_s)
+    try:
+        await reconciler.run()
+    finally:
+        await reconciler.shutdown()
+        await http.aclose()
+        await store.close()
+        engine.dispose()
+
+
+async def run_worker(settings: WorkerSettings, on_ready: OnReady | None = None) -> None:
+    """One agent per device, each with its HTTP API on ``port``, ``port + 1``, ..."""
+    store = create_store(settings)
+    agents = _make_agents(settings, store, url_for=lambda i: f"http://{settings.host}:{settings.port + i}")
+    servers = [uvicorn.Server(uvicorn.Config(create_worker_api(agent), host=settings.host,
+                                             port=settings.port + i, log_level="warning", access_log=False))
+               for i, agent in enumerate(agents)]
+    background = [asyncio.create_task(agent.run()) for agent in agents]
+    background += [asyncio.create_task(server.serve()) for server in servers[1:]]
+    try:
+        await _serve(servers[0], settings.host, on_ready, background)
+    finally:
+        await asyncio.gather(*(agent.shutdown() for agent in agents), return_exceptions=True)
+        await store.close()
+
+
+def examples_dir() -> Path | None:
+    """The repository's examples folder (present in a clone or an editable install)."""
+    candidate = Path(__file__).resolve().parent.parent / "examples"
+    return candidate if candidate.is_dir() else None

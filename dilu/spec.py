@@ -1,0 +1,202 @@
+"""The function spec (``model.yaml``): parsing, validation and defaults.
+
+``make_spec(user_yaml, defaults)`` is pure: it turns the user's YAML text into a frozen
+``FunctionSpec`` or raises ``SpecError`` whose messages name the field (and the YAML line when
+the parser knows it). Unknown fields are errors, so typos never pass silently.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+HANDLER_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
+_MEMORY_UNITS = {
+    "": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+    "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40,
+}
+
+
+def parse_memory(value: int | str) -> int:
+    """Bytes from an int or a string such as ``512Mi``, ``2G`` or ``1.5Gi``."""
+    if isinstance(value, bool):
+        raise ValueError("memory must be a size such as 512Mi or 2Gi")
+    if isinstance(value, int):
+        if value <= 0:
+            raise ValueError("memory must be positive")
+        return value
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]i?)?[bB]?\s*", str(value))
+    if not match:
+        raise ValueError(f"memory {value!r} is not a size such as 512Mi or 2Gi")
+    number, unit = match.groups()
+    size = int(float(number) * _MEMORY_UNITS[(unit or "").lower()])
+    if size <= 0:
+        raise ValueError("memory must be positive")
+    return size
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class Slo(_Strict):
+    p99_ms: float = Field(1000.0, gt=0, description="Target p99 latency of one request, in ms")
+
+
+class Resources(_Strict):
+    memory: int = Field(2 * 2**30, description="Memory slice in bytes; accepts 512Mi, 2Gi, ...")
+    gpu: bool | Literal["auto"] = Field(
+        "auto", description="true: needs a GPU; false: CPU only; auto: a GPU when one is free")
+    sm_request: float | None = Field(None, gt=0, le=1, description="Pinned guaranteed compute share")
+    sm_limit: float | None = Field(None, gt=0, le=1, description="Pinned burst compute share")
+
+    @field_validator("memory", mode="before")
+    @classmethod
+    def _memory(cls, value: Any) -> int:
+        return parse_memory(value)
+
+    @model_validator(mode="after")
+    def _request_within_limit(self) -> "Resources":
+        if self.sm_request is not None and self.sm_limit is not None and self.sm_request > self.sm_limit:
+            raise ValueError("sm_request must be <= sm_limit")
+        return self
+
+
+class Scaling(_Strict):
+    min_instances: int = Field(0, ge=0, le=1000)
+    max_instances: int = Field(4, ge=1, le=1000)
+    keep_alive_s: float = Field(60.0, ge=0, description="Idle time before the last instances stop")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "Scaling":
+        if self.min_instances > self.max_instances:
+            raise ValueError("min_instances must be <= max_instances")
+        return self
+
+
+class Batching(_Strict):
+    max_batch_size: int = Field(1, ge=1, le=4096)
+    max_wait_ms: float = Field(0.0, ge=0, le=10_000)
+
+
+class SpecModel(_Strict):
+    """The YAML document, field by field (this is what ``dilu spec schema`` prints)."""
+
+    name: str = Field(..., pattern=NAME_PATTERN, description="DNS-style function name")
+    handler: str = Field(..., pattern=HANDLER_PATTERN,
+                         description="module:Class, the module resolved relative to the spec's folder")
+    model: dict[str, Any] = Field(default_factory=dict, description="Options passed to the handler")
+    function_class: Literal["latency", "batch"] = Field("latency", alias="class")
+    slo: Slo = Field(default_factory=Slo)
+    resources: Resources = Field(default_factory=Resources)
+    scaling: Scaling = Field(default_factory=Scaling)
+    batching: Batching = Field(default_factory=Batching)
+    env: dict[str, str] = Field(default_factory=dict)
+    idempotent: bool = Field(False, description="May a request be retried on another instance after a failure")
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+                raise ValueError(f"env name {key!r} is not a valid variable name")
+            if key.startswith("DILU_") or key in {"LD_PRELOAD", "CUDA_VISIBLE_DEVICES"}:
+                raise ValueError(f"env name {key!r} is reserved by the platform")
+        return value
+
+
+FunctionSpec = SpecModel
+
+
+@dataclass(frozen=True)
+class ClusterDefaults:
+    """Operator-level defaults applied where the user's YAML is silent."""
+
+    keep_alive_s: float | None = None
+
+
+@dataclass
+class SpecError(Exception):
+    """The spec is invalid; each problem names its field and, when known, its line."""
+
+    problems: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return "; ".join(self.problems)
+
+
+def _line_index(node: yaml.Node | None, path: tuple = (), out: dict | None = None) -> dict[tuple, int]:
+    """Maps each key path of a composed YAML document to its 1-based line."""
+    out = {} if out is None else out
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key_path = path + (key_node.value,)
+            out[key_path] = key_node.start_mark.line + 1
+            _line_index(value_node, key_path, out)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            out[path + (index,)] = item.start_mark.line + 1
+            _line_index(item, path + (index,), out)
+    return out
+
+
+def _describe(error: dict, lines: dict[tuple, int]) -> str:
+    loc = tuple(error["loc"])
+    where = ".".join(str(part) for part in loc) or "spec"
+    line = None
+    for cut in range(len(loc), 0, -1):
+        line = lines.get(loc[:cut])
+        if line:
+            break
+    message = error["msg"]
+    if error["type"] == "extra_forbidden":
+        message = "unknown field"
+    elif error["type"] == "missing":
+        message = "required field is missing"
+    at = f" (line {line})" if line else ""
+    return f"{where}{at}: {message}"
+
+
+def make_spec(user_yaml: str, defaults: ClusterDefaults | None = None) -> FunctionSpec:
+    """Parses and validates ``user_yaml``; ``defaults`` fill what the user left out."""
+    try:
+        document = yaml.safe_load(user_yaml)
+        lines = _line_index(yaml.compose(user_yaml))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise SpecError([f"malformed YAML{at}: {problem}"]) from None
+    return spec_from_dict(document, defaults, lines)
+
+
+def spec_from_dict(document: Any, defaults: ClusterDefaults | None = None,
+                   lines: dict[tuple, int] | None = None) -> FunctionSpec:
+    """Validates an already-decoded document (the API receives JSON)."""
+    if not isinstance(document, dict):
+        raise SpecError(["spec: expected a mapping of fields (name, handler, ...)"])
+    document = dict(document)
+    defaults = defaults or ClusterDefaults()
+    # Each cluster default is applied explicitly, only where the user said nothing.
+    if defaults.keep_alive_s is not None:
+        scaling = document.get("scaling")
+        if scaling is None or (isinstance(scaling, dict) and "keep_alive_s" not in scaling):
+            document["scaling"] = {**(scaling or {}), "keep_alive_s": defaults.keep_alive_s}
+    try:
+        return SpecModel.model_validate(document)
+    except ValidationError as exc:
+        raise SpecError([_describe(err, lines or {}) for err in exc.errors()]) from None
+
+
+def spec_to_dict(spec: FunctionSpec) -> dict[str, Any]:
+    """The canonical JSON form stored in the database (aliases, so it re-validates)."""
+    return spec.model_dump(mode="json", by_alias=True)
+
+
+def json_schema() -> dict[str, Any]:
+    return SpecModel.model_json_schema(by_alias=True)

@@ -1,0 +1,86 @@
+"""The ephemeral-state contract shared by the in-process store and the Redis store.
+
+Everything here can be rebuilt: losing it costs a few seconds of stale routing or a missed
+wake-up, never data. Durable state lives in the database.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any, Protocol
+
+from dilu.messages import Endpoint, FunctionActivity, WorkerInfo
+
+REQUEST_HISTORY_S = 120
+
+
+class Channel(str, Enum):
+    """Event channels. Messages are small JSON dicts; subscribers must tolerate missing ones."""
+
+    DEMAND = "demand"          # {"function": name}: a request is waiting and nothing serves it
+    INSTANCES = "instances"    # {"worker": id, "instance": id}: a worker saw an instance change
+    ROUTES = "routes"          # {"function": name}: the routing table of a function changed
+    FUNCTIONS = "functions"    # {"function": name}: deployed, updated or deleted
+
+
+class Subscription(Protocol):
+    async def get(self, timeout: float) -> dict[str, Any] | None:
+        """The next message, or None when ``timeout`` seconds pass without one."""
+
+    async def aclose(self) -> None:
+        """Stops receiving; idempotent."""
+
+
+class StateStore(Protocol):
+    async def heartbeat(self, info: WorkerInfo, ttl_s: float) -> None:
+        """Announces a live worker; it counts as live until ``ttl_s`` passes without another."""
+
+    async def live_workers(self) -> list[WorkerInfo]:
+        """Workers whose heartbeat has not expired."""
+
+    async def report_activity(self, gateway_id: str, snapshot: dict[str, dict[str, Any]],
+                              counts: dict[str, dict[int, int]], ttl_s: float) -> None:
+        """Stores one gateway's per-function snapshot (in_flight, queued, last_request_at) for
+        ``ttl_s`` and adds ``counts`` (function -> unix second -> requests) to the counters."""
+
+    async def function_activity(self) -> dict[str, FunctionActivity]:
+        """Per-function activity summed over live gateway snapshots, with recent counters."""
+
+    async def set_routes(self, function: str, endpoints: list[Endpoint]) -> None:
+        """Replaces the ready endpoints of ``function`` (an empty list removes it)."""
+
+    async def get_routes(self) -> dict[str, list[Endpoint]]:
+        """The whole routing table."""
+
+    async def publish(self, channel: Channel, message: dict[str, Any]) -> None:
+        """Best-effort broadcast to current subscribers of ``channel``."""
+
+    async def subscribe(self, channel: Channel) -> "Subscription":
+        """Receives every message published on ``channel`` after this call returns."""
+
+    async def close(self) -> None:
+        """Releases connections; idempotent."""
+
+
+def merge_activity(snapshots: list[dict[str, dict[str, Any]]],
+                   counts: dict[str, dict[int, int]]) -> dict[str, FunctionActivity]:
+    """Sums gateway snapshots into one FunctionActivity per function."""
+    merged: dict[str, dict[str, Any]] = {}
+    for snapshot in snapshots:
+        for name, item in snapshot.items():
+            into = merged.setdefault(name, {"in_flight": 0, "queued": 0, "last_request_at": None})
+            into["in_flight"] += int(item.get("in_flight", 0))
+            into["queued"] += int(item.get("queued", 0))
+            last = item.get("last_request_at")
+            if last is not None and (into["last_request_at"] is None or last > into["last_request_at"]):
+                into["last_request_at"] = last
+    names = set(merged) | set(counts)
+    return {
+        name: FunctionActivity(
+            in_flight=merged.get(name, {}).get("in_flight", 0),
+            queued=merged.get(name, {}).get("queued", 0),
+            last_request_at=merged.get(name, {}).get("last_request_at"),
+            requests=dict(counts.get(name, {})),
+        )
+        for name in names
+    }

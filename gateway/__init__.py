@@ -1,0 +1,1 @@
+"""The public HTTP API: function CRUD, invocation, routing and cold-start queueing."""

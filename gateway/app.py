@@ -1,0 +1,37 @@
+"""The gateway's app factory."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from gateway.errors import install_error_handlers
+from gateway.routes import functions, invoke, system
+from gateway.services import GatewayServices
+
+
+def create_app(build_services: Callable[[], Awaitable[GatewayServices]],
+               release: Callable[[GatewayServices], Awaitable[None]] | None = None) -> FastAPI:
+    """``build_services`` runs in the lifespan, so nothing connects at import time."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        services = await build_services()
+        app.state.services = services
+        await services.start()
+        try:
+            yield
+        finally:
+            await services.stop()
+            if release is not None:
+                await release(services)
+
+    app = FastAPI(title="Dilu", version="0.1.0", lifespan=lifespan,
+                  description="Serverless deep-learning functions with introspective elasticity.")
+    install_error_handlers(app)
+    app.include_router(system.router)
+    app.include_router(functions.router)
+    app.include_router(invoke.router)
+    return app

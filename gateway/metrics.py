@@ -1,0 +1,8 @@
+"""The gateway's Prometheus metrics (process-wide, as prometheus-client expects)."""
+
+from prometheus_client import Counter, Histogram
+
+REQUESTS = Counter("dilu_gateway_requests_total", "Invocations by function and status code",
+                   ["function", "code"])
+LATENCY = Histogram("dilu_gateway_request_seconds", "Invocation time seen by the gateway", ["function"],
+                    buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60))

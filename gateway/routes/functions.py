@@ -1,0 +1,135 @@
+"""Function CRUD, instances, logs and scaling events."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, HTTPException, Query, Request, Response
+from sqlalchemy.orm import Session
+
+from dilu.db import repo
+from dilu.db.models import FunctionRow
+from dilu.messages import READY, STARTING
+from dilu.source import check_handler_source
+from dilu.spec import ClusterDefaults, SpecError, make_spec, spec_from_dict, spec_to_dict
+from dilu.state.base import Channel
+from gateway.deps import ServicesDep, SessionDep
+from gateway.schemas import DeployRequest, EventPublic, FunctionPublic, InstancePublic
+
+router = APIRouter(prefix="/v1/functions", tags=["functions"])
+
+
+def to_public(row: FunctionRow, session: Session, base_url: str) -> FunctionPublic:
+    instances = repo.list_instances(session=session, function=row.name, active_only=True)
+    return FunctionPublic(
+        name=row.name, version=row.version, status=row.status, error=row.error,
+        ready_instances=sum(1 for i in instances if i.state == READY),
+        starting_instances=sum(1 for i in instances if i.state == STARTING),
+        requests_total=row.requests_total, invoke_url=f"{base_url}/v1/functions/{row.name}/invoke",
+        spec=row.spec, source_dir=row.source_dir, created_at=row.created_at, updated_at=row.updated_at)
+
+
+def _base_url(request: Request) -> str:
+    return str(request.base_url).rstrip("/")
+
+
+def _existing(session: Session, name: str) -> FunctionRow:
+    row = repo.get_function(session=session, name=name)
+    if row is None:
+        raise HTTPException(404, f"function {name!r} not found")
+    return row
+
+
+@router.post("", response_model=FunctionPublic, status_code=201,
+             responses={200: {"description": "An existing function was updated"}})
+async def deploy(body: DeployRequest, request: Request, response: Response, services: ServicesDep) -> FunctionPublic:
+    """Validates the spec and creates the function, or rolls out a new version of it."""
+    defaults = ClusterDefaults()
+    try:
+        if body.yaml is not None:
+            spec = make_spec(body.yaml, defaults)
+        elif body.spec is not None:
+            spec = spec_from_dict(body.spec, defaults)
+        else:
+            raise SpecError(["body: give the spec as 'yaml' (text) or 'spec' (object)"])
+        check_handler_source(body.source_dir, spec.handler)
+    except SpecError as exc:
+        raise HTTPException(422, f"invalid spec: {exc}") from None
+
+    def write() -> tuple[FunctionPublic, bool]:
+        with services.sessions() as session:
+            row, created = repo.upsert_function(session=session, spec=spec_to_dict(spec),
+                                                source_dir=body.source_dir)
+            return to_public(row, session, _base_url(request)), created
+
+    public, created = await asyncio.to_thread(write)
+    await services.functions.refresh(spec.name)
+    await services.store.publish(Channel.FUNCTIONS, {"function": spec.name})
+    if not created:
+        response.status_code = 200
+    return public
+
+
+@router.get("", response_model=list[FunctionPublic])
+def list_functions(request: Request, session: SessionDep) -> list[FunctionPublic]:
+    return [to_public(row, session, _base_url(request)) for row in repo.list_functions(session=session)]
+
+
+@router.get("/{name}", response_model=FunctionPublic)
+def get_function(name: str, request: Request, session: SessionDep) -> FunctionPublic:
+    return to_public(_existing(session, name), session, _base_url(request))
+
+
+@router.delete("/{name}", status_code=200)
+async def delete_function(name: str, services: ServicesDep) -> dict[str, str]:
+    def remove() -> bool:
+        with services.sessions() as session:
+            return repo.delete_function(session=session, name=name)
+
+    if not await asyncio.to_thread(remove):
+        raise HTTPException(404, f"function {name!r} not found")
+    await services.functions.refresh(name)
+    await services.store.publish(Channel.FUNCTIONS, {"function": name})
+    return {"deleted": name}
+
+
+@router.get("/{name}/instances", response_model=list[InstancePublic])
+def list_instances(name: str, session: SessionDep,
+                   all: bool = Query(False, description="Include ended instances")) -> list[InstancePublic]:
+    _existing(session, name)
+    rows = repo.list_instances(session=session, function=name, active_only=not all)
+    return [InstancePublic(id=r.id, worker_id=r.worker_id, version=r.function_version, state=r.state,
+                           endpoint=r.endpoint, error=r.error, created_at=r.created_at, ready_at=r.ready_at,
+                           ended_at=r.ended_at) for r in rows]
+
+
+@router.get("/{name}/events", response_model=list[EventPublic])
+def list_events(name: str, session: SessionDep, limit: int = Query(100, ge=1, le=10_000)) -> list[EventPublic]:
+    _existing(session, name)
+    return [EventPublic(at=e.at, function=e.function, action=e.action, reason=e.reason, instance_id=e.instance_id)
+            for e in repo.list_events(session=session, function=name, limit=limit)]
+
+
+@router.get("/{name}/logs")
+async def get_logs(name: str, services: ServicesDep, tail: int = Query(200, ge=1, le=100_000),
+                   instances: int = Query(3, ge=1, le=50)) -> dict:
+    """The log tails of the newest instances (ended ones included, so load errors stay visible)."""
+
+    def read_rows():  # noqa: ANN202
+        with services.sessions() as session:
+            _existing(session, name)
+            rows = repo.list_instances(session=session, function=name)[-instances:]
+            workers = {w.id: w for w in repo.list_workers(session=session)}
+            return rows, workers
+
+    rows, workers = await asyncio.to_thread(read_rows)
+    result = []
+    for row in rows:
+        worker = workers.get(row.worker_id)
+        client = services.directory.client_for(row.worker_id, worker.url if worker else None)
+        try:
+            text = await client.read_logs(row.id, tail) if client else ""
+        except Exception as exc:  # a lost worker must not hide the other instances' logs
+            text = f"(logs unavailable: {exc})"
+        result.append({"instance": row.id, "state": row.state, "error": row.error, "log": text})
+    return {"function": name, "instances": result}

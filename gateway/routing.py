@@ -1,0 +1,153 @@
+"""The gateway's routing table: ready endpoints per function, least-outstanding choice, and the
+bounded wait of requests that arrive while nothing is ready (cold start)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from dilu.messages import Endpoint
+
+
+class QueueFull(Exception):
+    """The function's cold-start queue is at its bound."""
+
+
+class NoInstance(Exception):
+    """No instance became ready before the deadline, or the function cannot start."""
+
+
+@dataclass
+class _FunctionRoutes:
+    endpoints: list[Endpoint] = field(default_factory=list)
+    outstanding: dict[str, int] = field(default_factory=dict)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    waiting: int = 0
+    failure: str | None = None  # set while the function cannot start; waiters give up at once
+
+
+def choose_least_outstanding(endpoints: list[Endpoint], outstanding: dict[str, int],
+                             exclude: frozenset[str] = frozenset()) -> Endpoint | None:
+    """The endpoint with the fewest requests in flight (first listed wins ties)."""
+    best, best_load = None, None
+    for endpoint in endpoints:
+        if endpoint.instance_id in exclude:
+            continue
+        load = outstanding.get(endpoint.instance_id, 0)
+        if best_load is None or load < best_load:
+            best, best_load = endpoint, load
+    return best
+
+
+class RoutingTable:
+    def __init__(self, queue_size: int) -> None:
+        self._queue_size = queue_size
+        self._functions: dict[str, _FunctionRoutes] = {}
+
+    def _entry(self, function: str) -> _FunctionRoutes:
+        entry = self._functions.get(function)
+        if entry is None:
+            entry = self._functions[function] = _FunctionRoutes()
+        return entry
+
+    def set_endpoints(self, function: str, endpoints: list[Endpoint]) -> None:
+        entry = self._entry(function)
+        entry.endpoints = list(endpoints)
+        live = {e.instance_id for e in endpoints}
+        entry.outstanding = {k: v for k, v in entry.outstanding.items() if k in live or v > 0}
+        if endpoints:
+            entry.failure = None
+        self._notify(entry)
+
+    def replace_all(self, table: dict[str, list[Endpoint]]) -> None:
+        for function in set(self._functions) | set(table):
+            new = table.get(function, [])
+            if new != self._entry(function).endpoints:
+                self.set_endpoints(function, new)
+
+    def drop_endpoint(self, function: str, instance_id: str) -> None:
+        """Forgets an endpoint that refused a connection (until the next table refresh)."""
+        entry = self._entry(function)
+        entry.endpoints = [e for e in entry.endpoints if e.instance_id != instance_id]
+
+    def set_failure(self, function: str, failure: str | None) -> None:
+        entry = self._entry(function)
+        entry.failure = failure
+        self._notify(entry)
+
+    def forget(self, function: str) -> None:
+        entry = self._functions.pop(function, None)
+        if entry is not None:
+            entry.failure = "function was deleted"
+            self._notify(entry)
+
+    def endpoints(self, function: str) -> list[Endpoint]:
+        return list(self._entry(function).endpoints)
+
+    def queued(self, function: str) -> int:
+        entry = self._functions.get(function)
+        return entry.waiting if entry else 0
+
+    def in_flight(self, function: str) -> int:
+        entry = self._functions.get(function)
+        return sum(entry.outstanding.values()) if entry else 0
+
+    def pick(self, function: str, exclude: frozenset[str] = frozenset()) -> Endpoint | None:
+        entry = self._entry(function)
+        return choose_least_outstanding(entry.endpoints, entry.outstanding, exclude)
+
+    async def wait_for_endpoint(self, function: str, timeout_s: float,
+                                exclude: frozenset[str] = frozenset(), on_queued=None) -> Endpoint:  # noqa: ANN001
+        """Returns an endpoint, waiting in the bounded queue if none is ready.
+
+        Raises QueueFull when the queue is at its bound, NoInstance on the deadline or when the
+        function cannot start.
+        """
+        endpoint = self.pick(function, exclude)
+        if endpoint is not None:
+            return endpoint
+        entry = self._entry(function)
+        if entry.failure:
+            raise NoInstance(entry.failure)
+        if entry.waiting >= self._queue_size:
+            raise QueueFull(f"{entry.waiting} requests already wait for {function!r} to start")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        entry.waiting += 1
+        try:
+            if on_queued is not None:
+                await on_queued()
+            while True:
+                endpoint = choose_least_outstanding(entry.endpoints, entry.outstanding, exclude)
+                if endpoint is not None:
+                    return endpoint
+                if entry.failure:
+                    raise NoInstance(entry.failure)
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise NoInstance(f"no instance of {function!r} became ready within {timeout_s:g}s")
+                changed = entry.changed
+                try:
+                    await asyncio.wait_for(changed.wait(), left)
+                except TimeoutError:
+                    pass
+        finally:
+            entry.waiting -= 1
+
+    def acquire(self, function: str, instance_id: str) -> None:
+        entry = self._entry(function)
+        entry.outstanding[instance_id] = entry.outstanding.get(instance_id, 0) + 1
+
+    def release(self, function: str, instance_id: str) -> None:
+        entry = self._entry(function)
+        left = entry.outstanding.get(instance_id, 0) - 1
+        if left > 0:
+            entry.outstanding[instance_id] = left
+        else:
+            entry.outstanding.pop(instance_id, None)
+
+    @staticmethod
+    def _notify(entry: _FunctionRoutes) -> None:
+        # Wake every waiter, then arm a fresh event for the next change.
+        entry.changed.set()
+        entry.changed = asyncio.Event()

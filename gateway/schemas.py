@@ -1,0 +1,51 @@
+"""Request and response bodies of the public API."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class DeployRequest(BaseModel):
+    """Either the YAML text (preferred: errors carry line numbers) or the decoded spec."""
+
+    yaml: str | None = Field(None, description="model.yaml text")
+    spec: dict[str, Any] | None = Field(None, description="The spec as JSON, instead of yaml")
+    source_dir: str = Field(..., description="Absolute folder the handler module is resolved in")
+
+
+class InstancePublic(BaseModel):
+    id: str
+    worker_id: str
+    version: int
+    state: str
+    endpoint: str | None
+    error: str | None
+    created_at: datetime
+    ready_at: datetime | None
+    ended_at: datetime | None
+
+
+class FunctionPublic(BaseModel):
+    name: str
+    version: int
+    status: str
+    error: str | None
+    ready_instances: int
+    starting_instances: int
+    requests_total: int
+    invoke_url: str
+    spec: dict[str, Any]
+    source_dir: str
+    created_at: datetime
+    updated_at: datetime
+
+
+class EventPublic(BaseModel):
+    at: datetime
+    function: str
+    action: str
+    reason: str
+    instance_id: str | None

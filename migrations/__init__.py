@@ -1,0 +1,1 @@
+"""Alembic migrations: the only way Dilu's schema is created or changed."""

@@ -1,0 +1,1 @@
+"""The worker agent, its runtime backends and the function runtime server."""

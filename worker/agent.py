@@ -1,0 +1,189 @@
+"""The worker agent: owns one device, starts and stops instances, watches them, heartbeats.
+
+It reports what it observes (instance states) and never decides how many instances a function
+should have; that is the controller's job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from dilu.messages import FAILED, READY, STARTING, STOPPED, STOPPING, InstanceStatus, StartInstance, WorkerInfo
+from dilu.state.base import Channel, StateStore
+from worker.runtime.server import ERROR_MARKER, EXIT_LOAD_FAILED
+from worker.runtimes.base import RunningInstance, RuntimeBackend
+
+log = logging.getLogger(__name__)
+ENDED_RETENTION_S = 600.0
+
+
+@dataclass
+class _Instance:
+    request: StartInstance
+    running: RunningInstance | None
+    state: str = STARTING
+    error: str | None = None
+    exit_code: int | None = None
+    was_ready: bool = False
+    started_at: float = field(default_factory=time.monotonic)
+    ended_at: float | None = None
+
+    def status(self) -> InstanceStatus:
+        return InstanceStatus(
+            instance_id=self.request.instance_id, function=self.request.function,
+            version=self.request.version, state=self.state,
+            endpoint=self.running.endpoint if self.running else None, error=self.error,
+            pid=self.running.pid if self.running else None, exit_code=self.exit_code,
+            was_ready=self.was_ready)
+
+
+def read_log_tail(path: Path, lines: int) -> str:
+    """The last ``lines`` lines of a log file ('' if it does not exist)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, 2)
+            size = handle.tell()
+            handle.seek(max(0, size - 256 * 1024))
+            data = handle.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
+    return "\n".join(data.splitlines()[-lines:]) if lines > 0 else data
+
+
+def describe_exit(code: int, log_tail: str) -> str:
+    """A user-readable reason for an instance that ended by itself."""
+    for line in reversed(log_tail.splitlines()):
+        if line.startswith(ERROR_MARKER):
+            return line[len(ERROR_MARKER):]
+    if code == EXIT_LOAD_FAILED:
+        return "handler failed to load (see dilu logs)"
+    if code < 0:
+        return f"instance process was killed by signal {-code}"
+    return f"instance process exited with status {code}"
+
+
+class WorkerAgent:
+    """Implements the worker side of WorkerClient for one device."""
+
+    def __init__(self, *, info: WorkerInfo, backend: RuntimeBackend, store: StateStore, logs_dir: Path,
+                 heartbeat_s: float = 1.0, worker_ttl_s: float = 5.0, health_poll_s: float = 0.1,
+                 stop_grace_s: float = 5.0, startup_timeout_s: float = 300.0) -> None:
+        self.info = info
+        self._backend = backend
+        self._store = store
+        self._logs_dir = logs_dir
+        self._heartbeat_s = heartbeat_s
+        self._ttl_s = worker_ttl_s
+        self._poll_s = health_poll_s
+        self._grace_s = stop_grace_s
+        self._startup_timeout_s = startup_timeout_s
+        self._instances: dict[str, _Instance] = {}
+        self._http = httpx.AsyncClient(timeout=2.0)
+
+    def log_path(self, instance_id: str) -> Path:
+        return self._logs_dir / f"{instance_id}.log"
+
+    async def start_instance(self, request: StartInstance) -> InstanceStatus:
+        """Starts an instance; idempotent for an instance id it already knows."""
+        known = self._instances.get(request.instance_id)
+        if known is not None:
+            return known.status()
+        record = _Instance(request=request, running=None)
+        self._instances[request.instance_id] = record
+        try:
+            record.running = await self._backend.start(request, self.info.device, self.log_path(request.instance_id))
+        except RuntimeError as exc:
+            self._end(record, FAILED, str(exc))
+        log.info("instance %s of %s starting at %s", request.instance_id, request.function,
+                 record.running.endpoint if record.running else "-")
+        await self._changed(record)
+        return record.status()
+
+    async def stop_instance(self, instance_id: str) -> None:
+        """Stops gracefully (SIGTERM, then SIGKILL after the grace time); idempotent."""
+        record = self._instances.get(instance_id)
+        if record is None or record.state in (STOPPED, FAILED, STOPPING):
+            return
+        record.state = STOPPING
+        await self._changed(record)
+        if record.running is not None:
+            await self._backend.stop(record.running, self._grace_s)
+        self._end(record, STOPPED, None)
+        await self._changed(record)
+
+    async def list_instances(self) -> list[InstanceStatus]:
+        return [record.status() for record in self._instances.values()]
+
+    async def read_logs(self, instance_id: str, tail: int = 200) -> str:
+        return read_log_tail(self.log_path(instance_id), tail)
+
+    async def run(self) -> None:
+        """Heartbeats and watches instances until cancelled."""
+        last_beat = 0.0
+        loop = asyncio.get_running_loop()
+        while True:
+            if loop.time() - last_beat >= self._heartbeat_s:
+                try:
+                    await self._store.heartbeat(self.info, self._ttl_s)
+                    last_beat = loop.time()
+                except Exception:
+                    log.exception("heartbeat failed")
+            await self.check_instances()
+            await asyncio.sleep(self._poll_s)
+
+    async def check_instances(self) -> None:
+        """One pass over every instance: exits, readiness, start-up timeouts."""
+        now = time.monotonic()
+        for record in list(self._instances.values()):
+            if record.state in (STOPPED, FAILED):
+                if record.ended_at is not None and now - record.ended_at > ENDED_RETENTION_S:
+                    del self._instances[record.request.instance_id]
+                continue
+            if record.running is None or record.state == STOPPING:
+                continue
+            code = self._backend.exit_code(record.running)
+            if code is not None:
+                tail = read_log_tail(self.log_path(record.request.instance_id), 50)
+                record.exit_code = code
+                self._end(record, FAILED, describe_exit(code, tail))
+                log.warning("instance %s of %s ended: %s", record.request.instance_id,
+                            record.request.function, record.error)
+                await self._changed(record)
+            elif record.state == STARTING:
+                await self._probe_startup(record, now)
+
+    async def _probe_startup(self, record: _Instance, now: float) -> None:
+        try:
+            response = await self._http.get(record.running.endpoint + "/health")
+            healthy = response.status_code == 200
+        except httpx.HTTPError:
+            healthy = False
+        if healthy:
+            record.state, record.was_ready = READY, True
+            await self._changed(record)
+        elif now - record.started_at > self._startup_timeout_s:
+            await self._backend.stop(record.running, self._grace_s)
+            self._end(record, FAILED, f"instance did not become ready within {self._startup_timeout_s:.0f}s")
+            await self._changed(record)
+
+    def _end(self, record: _Instance, state: str, error: str | None) -> None:
+        record.state, record.error, record.ended_at = state, error, time.monotonic()
+
+    async def _changed(self, record: _Instance) -> None:
+        try:
+            await self._store.publish(Channel.INSTANCES, {
+                "worker": self.info.id, "instance": record.request.instance_id, "state": record.state})
+        except Exception:
+            log.exception("could not publish an instance change")
+
+    async def shutdown(self) -> None:
+        """Stops every instance (used when the worker itself stops)."""
+        await asyncio.gather(*(self.stop_instance(iid) for iid in list(self._instances)),
+                             return_exceptions=True)
+        await self._http.aclose()

@@ -1,0 +1,42 @@
+"""The worker's HTTP API, used when the controller and gateway run in other processes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Query
+from fastapi.responses import PlainTextResponse
+
+from dilu.messages import StartInstance
+
+
+def create_worker_api(agent) -> FastAPI:  # noqa: ANN001 - WorkerAgent
+    app = FastAPI(title="Dilu worker", version="0.1.0")
+
+    @app.get("/v1/info")
+    async def info() -> dict[str, Any]:
+        return agent.info.to_dict()
+
+    @app.post("/v1/instances")
+    async def start(body: dict[str, Any]) -> dict[str, Any]:
+        status = await agent.start_instance(StartInstance.from_dict(body))
+        return status.to_dict()
+
+    @app.get("/v1/instances")
+    async def instances() -> list[dict[str, Any]]:
+        return [status.to_dict() for status in await agent.list_instances()]
+
+    @app.delete("/v1/instances/{instance_id}")
+    async def stop(instance_id: str) -> dict[str, str]:
+        await agent.stop_instance(instance_id)
+        return {"stopped": instance_id}
+
+    @app.get("/v1/instances/{instance_id}/logs", response_class=PlainTextResponse)
+    async def logs(instance_id: str, tail: int = Query(200, ge=0, le=100_000)) -> str:
+        return await agent.read_logs(instance_id, tail)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok", "worker": agent.info.id}
+
+    return app

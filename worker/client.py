@@ -1,0 +1,97 @@
+"""How the controller and gateway reach a worker: one protocol, in-process or over HTTP."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import httpx
+
+from dilu.messages import InstanceStatus, StartInstance
+
+
+class WorkerUnavailable(Exception):
+    """The worker could not be reached or refused the call."""
+
+
+class WorkerClient(Protocol):
+    async def start_instance(self, request: StartInstance) -> InstanceStatus:
+        """Starts the instance; idempotent per instance id."""
+
+    async def stop_instance(self, instance_id: str) -> None:
+        """Stops the instance gracefully; idempotent, unknown ids are ignored."""
+
+    async def list_instances(self) -> list[InstanceStatus]:
+        """Every instance the worker knows, including recently ended ones."""
+
+    async def read_logs(self, instance_id: str, tail: int = 200) -> str:
+        """The last ``tail`` lines of the instance's log ('' if none)."""
+
+
+class InProcessWorkerClient:
+    """For `dilu up`: calls the agent directly."""
+
+    def __init__(self, agent) -> None:  # noqa: ANN001 - WorkerAgent, kept loose to avoid a cycle
+        self._agent = agent
+
+    async def start_instance(self, request: StartInstance) -> InstanceStatus:
+        return await self._agent.start_instance(request)
+
+    async def stop_instance(self, instance_id: str) -> None:
+        await self._agent.stop_instance(instance_id)
+
+    async def list_instances(self) -> list[InstanceStatus]:
+        return await self._agent.list_instances()
+
+    async def read_logs(self, instance_id: str, tail: int = 200) -> str:
+        return await self._agent.read_logs(instance_id, tail)
+
+
+class HttpWorkerClient:
+    """For roles on different hosts: the worker's HTTP API (worker/api.py)."""
+
+    def __init__(self, base_url: str, http: httpx.AsyncClient) -> None:
+        self._base = base_url.rstrip("/")
+        self._http = http
+
+    async def _call(self, method: str, path: str, **kwargs) -> httpx.Response:  # noqa: ANN003
+        try:
+            response = await self._http.request(method, self._base + path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise WorkerUnavailable(f"worker at {self._base} unreachable: {exc}") from exc
+        if response.status_code >= 400:
+            raise WorkerUnavailable(f"worker at {self._base} answered {response.status_code}: {response.text}")
+        return response
+
+    async def start_instance(self, request: StartInstance) -> InstanceStatus:
+        response = await self._call("POST", "/v1/instances", json=request.to_dict())
+        return InstanceStatus.from_dict(response.json())
+
+    async def stop_instance(self, instance_id: str) -> None:
+        # Stopping waits for the grace period, so allow for it.
+        await self._call("DELETE", f"/v1/instances/{instance_id}", timeout=60.0)
+
+    async def list_instances(self) -> list[InstanceStatus]:
+        response = await self._call("GET", "/v1/instances")
+        return [InstanceStatus.from_dict(item) for item in response.json()]
+
+    async def read_logs(self, instance_id: str, tail: int = 200) -> str:
+        response = await self._call("GET", f"/v1/instances/{instance_id}/logs", params={"tail": tail})
+        return response.text
+
+
+class WorkerDirectory:
+    """Finds the client for a worker: the in-process agent when local, else its HTTP API."""
+
+    def __init__(self, http: httpx.AsyncClient) -> None:
+        self._http = http
+        self._local: dict[str, WorkerClient] = {}
+
+    def register_local(self, worker_id: str, client: WorkerClient) -> None:
+        self._local[worker_id] = client
+
+    def client_for(self, worker_id: str, url: str | None) -> WorkerClient | None:
+        if worker_id in self._local:
+            return self._local[worker_id]
+        if url:
+            return HttpWorkerClient(url, self._http)
+        return None

@@ -1,0 +1,53 @@
+"""Device discovery: all NVML (pynvml) calls live here. No GPU or no driver: one CPU device."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from dilu.messages import DeviceInfo
+
+log = logging.getLogger(__name__)
+
+
+def host_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def cpu_device() -> DeviceInfo:
+    return DeviceInfo(kind="cpu", uuid=None, name=f"cpu x{os.cpu_count()}", memory_bytes=host_memory_bytes())
+
+
+def discover_gpus() -> list[DeviceInfo]:
+    """Every NVIDIA GPU NVML reports, keyed by UUID; empty when NVML or the driver is missing."""
+    try:
+        import pynvml
+    except ImportError:
+        return []
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+        log.info("no NVIDIA GPU available (%s); using the CPU", exc)
+        return []
+    try:
+        devices = []
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = pynvml.nvmlDeviceGetUUID(handle)
+            name = pynvml.nvmlDeviceGetName(handle)
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle).total
+            devices.append(DeviceInfo(kind="gpu", uuid=_text(uuid), name=_text(name),
+                                      memory_bytes=int(memory), index=index))
+        return devices
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def discover_devices(gpus: str | None = None) -> list[DeviceInfo]:
+    """One device per GPU, or the CPU alone; ``gpus='none'`` forces the CPU."""
+    found = [] if gpus == "none" else discover_gpus()
+    return found or [cpu_device()]
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,1 @@
+"""The HTTP runtime server that runs inside every instance."""

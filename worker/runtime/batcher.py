@@ -1,0 +1,84 @@
+"""Dynamic batching: concurrent requests are grouped up to a size or a wait, one batch at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    output: Any
+    batch_size: int
+    queued_s: float
+    compute_s: float
+
+
+class BatchError(Exception):
+    """The handler failed on the batch this request rode in."""
+
+
+class Batcher:
+    """Collects submitted inputs and calls ``predict(list) -> list`` on an executor.
+
+    A batch closes when it holds ``max_batch_size`` inputs or ``max_wait_s`` has passed since its
+    first input arrived; with ``max_wait_s == 0`` it takes whatever is already waiting. Batches
+    run one at a time (models are rarely thread-safe), so requests that arrive during a batch
+    form the next one.
+    """
+
+    def __init__(self, predict: Callable[[list[Any]], list[Any]], *, max_batch_size: int,
+                 max_wait_s: float, executor: Executor | None = None) -> None:
+        self._predict = predict
+        self._max = max_batch_size
+        self._wait = max_wait_s
+        self._executor = executor
+        self._queue: asyncio.Queue[tuple[Any, asyncio.Future, float]] = asyncio.Queue()
+
+    async def submit(self, item: Any) -> BatchResult:
+        future = asyncio.get_running_loop().create_future()
+        await self._queue.put((item, future, time.perf_counter()))
+        return await future
+
+    async def run(self) -> None:
+        """Serves batches until cancelled."""
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = [await self._queue.get()]
+            deadline = loop.time() + self._wait
+            while len(batch) < self._max:
+                if not self._queue.empty():
+                    batch.append(self._queue.get_nowait())
+                    continue
+                left = deadline - loop.time()
+                if left <= 0:
+                    break
+                try:
+                    batch.append(await asyncio.wait_for(self._queue.get(), left))
+                except TimeoutError:
+                    break
+            await self._run_batch(loop, batch)
+
+    async def _run_batch(self, loop: asyncio.AbstractEventLoop,
+                         batch: list[tuple[Any, asyncio.Future, float]]) -> None:
+        inputs = [item for item, _, _ in batch]
+        started = time.perf_counter()
+        try:
+            outputs = await loop.run_in_executor(self._executor, self._predict, inputs)
+            if not isinstance(outputs, (list, tuple)) or len(outputs) != len(inputs):
+                got = len(outputs) if isinstance(outputs, (list, tuple)) else type(outputs).__name__
+                raise BatchError(f"predict() must return a list of {len(inputs)} results, got {got}")
+        except Exception as exc:  # the handler's error goes back to every caller of the batch
+            error = exc if isinstance(exc, BatchError) else BatchError(f"{type(exc).__name__}: {exc}")
+            for _, future, _ in batch:
+                if not future.done():
+                    future.set_exception(error)
+            return
+        compute = time.perf_counter() - started
+        for (_, future, submitted), output in zip(batch, outputs):
+            if not future.done():
+                future.set_result(BatchResult(output, len(batch), started - submitted, compute))

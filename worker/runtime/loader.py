@@ -1,0 +1,44 @@
+"""Imports a function's handler class from its source folder."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any
+
+
+class HandlerError(Exception):
+    """The handler could not be imported, built or loaded; the message is shown to the user."""
+
+
+def import_handler(source_dir: str, handler: str) -> type:
+    """Resolves ``module:Class`` with ``source_dir`` first on the import path."""
+    module_name, _, class_name = handler.partition(":")
+    if source_dir not in sys.path:
+        sys.path.insert(0, source_dir)
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise HandlerError(f"cannot import handler module {module_name!r}: {type(exc).__name__}: {exc}") from exc
+    try:
+        return getattr(module, class_name)
+    except AttributeError:
+        raise HandlerError(f"handler class {class_name!r} not found in module {module_name!r}") from None
+
+
+def build_handler(source_dir: str, handler: str, options: dict[str, Any]) -> Any:
+    """Imports, instantiates with ``options`` and calls ``load()`` once."""
+    cls = import_handler(source_dir, handler)
+    try:
+        instance = cls(**options)
+    except Exception as exc:
+        raise HandlerError(f"{handler}({', '.join(options)}) failed: {type(exc).__name__}: {exc}") from exc
+    if not callable(getattr(instance, "predict", None)):
+        raise HandlerError(f"handler {handler!r} has no predict(inputs) method")
+    load = getattr(instance, "load", None)
+    if callable(load):
+        try:
+            load()
+        except Exception as exc:
+            raise HandlerError(f"{handler}.load() failed: {type(exc).__name__}: {exc}") from exc
+    return instance

@@ -1,0 +1,162 @@
+"""The runtime server inside every instance: loads the handler once, serves batched inference.
+
+Routes: ``POST /infer`` (JSON in, the handler's JSON result out, with ``x-dilu-batch-size`` and
+``x-dilu-latency-ms`` headers), ``GET /health`` (200 only after ``load()`` succeeded, 503 while
+loading), ``GET /metrics`` (Prometheus: latency and batch-size histograms).
+If import or ``load()`` fails, the error is printed as a final ``DILU-ERROR:`` line on stderr
+(the instance log) and the process exits with status 3, so the worker reports it instead of
+restarting in a loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from worker.runtime.batcher import Batcher, BatchError
+from worker.runtime.loader import HandlerError, build_handler
+
+EXIT_LOAD_FAILED = 3
+ERROR_MARKER = "DILU-ERROR: "
+
+
+@dataclass(frozen=True)
+class InstanceConfig:
+    """What the worker hands an instance (as JSON in a file named by DILU_INSTANCE_CONFIG)."""
+
+    instance_id: str
+    function: str
+    handler: str
+    source_dir: str
+    options: dict[str, Any]
+    max_batch_size: int
+    max_wait_ms: float
+
+    @classmethod
+    def from_file(cls, path: str) -> "InstanceConfig":
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+        return cls(**data)
+
+
+class RuntimeState:
+    def __init__(self, config: InstanceConfig) -> None:
+        self.config = config
+        self.ready = threading.Event()
+        self.batcher: Batcher | None = None
+        self.registry = CollectorRegistry()
+        self.latency = Histogram("dilu_instance_request_seconds", "Request time inside the instance",
+                                 registry=self.registry,
+                                 buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10))
+        self.batch_sizes = Histogram("dilu_instance_batch_size", "Batch size each request rode in",
+                                     registry=self.registry, buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def create_app(state: RuntimeState, lifespan=None) -> Starlette:  # noqa: ANN001
+    async def infer(request: Request) -> Response:
+        if not state.ready.is_set() or state.batcher is None:
+            return _error(503, "instance is still loading")
+        body = await request.body()
+        try:
+            payload = json.loads(body)
+        except ValueError as exc:
+            return _error(400, f"request body is not valid JSON: {exc}")
+        started = time.perf_counter()
+        try:
+            result = await state.batcher.submit(payload)
+        except BatchError as exc:
+            return _error(500, f"handler error: {exc}")
+        try:
+            content = json.dumps(result.output)
+        except (TypeError, ValueError) as exc:
+            return _error(500, f"handler returned a result that is not JSON-serialisable: {exc}")
+        elapsed = time.perf_counter() - started
+        state.latency.observe(elapsed)
+        state.batch_sizes.observe(result.batch_size)
+        return Response(content, media_type="application/json", headers={
+            "x-dilu-batch-size": str(result.batch_size),
+            "x-dilu-latency-ms": f"{elapsed * 1000:.3f}",
+            "x-dilu-instance": state.config.instance_id,
+        })
+
+    async def health(_: Request) -> Response:
+        if state.ready.is_set():
+            return JSONResponse({"status": "ready", "instance": state.config.instance_id})
+        return JSONResponse({"status": "loading"}, status_code=503)
+
+    async def metrics(_: Request) -> Response:
+        return Response(generate_latest(state.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return Starlette(lifespan=lifespan, routes=[
+        Route("/infer", infer, methods=["POST"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ])
+
+
+def _fail(message: str) -> None:
+    """Reports a load failure on stderr and ends the process at once."""
+    sys.stderr.write(f"{ERROR_MARKER}{message}\n")
+    sys.stderr.flush()
+    os._exit(EXIT_LOAD_FAILED)
+
+
+async def _load_then_serve_batches(state: RuntimeState) -> None:
+    config = state.config
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dilu-predict")
+    loop = asyncio.get_running_loop()
+    try:
+        handler = await loop.run_in_executor(
+            executor, build_handler, config.source_dir, config.handler, config.options)
+    except HandlerError as exc:
+        traceback.print_exc()
+        _fail(str(exc))
+        return
+    except BaseException as exc:  # anything else during import/load is still the handler's fault
+        traceback.print_exc()
+        _fail(f"{type(exc).__name__}: {exc}")
+        return
+    state.batcher = Batcher(handler.predict, max_batch_size=config.max_batch_size,
+                            max_wait_s=config.max_wait_ms / 1000.0, executor=executor)
+    state.ready.set()
+    print(f"dilu: instance {config.instance_id} of {config.function} ready", file=sys.stderr, flush=True)
+    await state.batcher.run()
+
+
+def serve(config: InstanceConfig, fd: int) -> None:
+    """Serves on the already-bound listening socket ``fd`` until SIGTERM."""
+    import uvicorn
+
+    state = RuntimeState(config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Starlette):  # noqa: ANN202
+        task = asyncio.create_task(_load_then_serve_batches(state))
+        try:
+            yield
+        finally:
+            task.cancel()
+
+    app = create_app(state, lifespan)
+    server = uvicorn.Server(uvicorn.Config(app, fd=fd, log_level="warning", access_log=False,
+                                           timeout_graceful_shutdown=30))
+    server.run()

@@ -1,0 +1,30 @@
+"""The runtime backend contract."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from dilu.messages import DeviceInfo, StartInstance
+
+
+@dataclass
+class RunningInstance:
+    """A started instance: where it listens and the backend's own handle."""
+
+    endpoint: str
+    pid: int | None
+    handle: Any
+
+
+class RuntimeBackend(Protocol):
+    async def start(self, request: StartInstance, device: DeviceInfo, log_path: Path) -> RunningInstance:
+        """Starts the instance's runtime server; returns once it is spawned (not yet ready).
+        Raises RuntimeError with a user-readable message if it cannot be spawned."""
+
+    def exit_code(self, running: RunningInstance) -> int | None:
+        """The exit status once it has ended (negative: killed by that signal), else None."""
+
+    async def stop(self, running: RunningInstance, grace_s: float) -> None:
+        """Asks it to stop, then kills it after ``grace_s``; idempotent."""

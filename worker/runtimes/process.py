@@ -1,0 +1,117 @@
+"""The process runtime: each instance is a child process with its own port, environment and log.
+
+The worker binds the instance's listening socket itself and passes it down (``pass_fds``), so
+ports are never raced for and a dead instance's port refuses connections at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from dilu.messages import DeviceInfo, StartInstance
+from worker.runtime.server import InstanceConfig
+from worker.runtimes.base import RunningInstance
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    # Instances must not outlive a worker that is killed with SIGKILL.
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+class ProcessBackend:
+    """Implements RuntimeBackend with local child processes."""
+
+    def __init__(self, *, state_dir: Path, python: str | None = None, host: str = "127.0.0.1",
+                 base_env: dict[str, str] | None = None) -> None:
+        self._state_dir = state_dir
+        self._python = python or sys.executable
+        self._host = host
+        self._base_env = dict(os.environ if base_env is None else base_env)
+
+    def instance_env(self, request: StartInstance, device: DeviceInfo, config_path: Path, fd: int) -> dict[str, str]:
+        env = dict(self._base_env)
+        env.update(request.spec.get("env") or {})
+        env.update({
+            "DILU_INSTANCE_CONFIG": str(config_path),
+            "DILU_LISTEN_FD": str(fd),
+            "DILU_INSTANCE_ID": request.instance_id,
+            "DILU_FUNCTION": request.function,
+            "DILU_DEVICE": "cuda" if device.kind == "gpu" else "cpu",
+            # Keyed by UUID so the instance sees exactly its GPU (or none on a CPU worker).
+            "CUDA_VISIBLE_DEVICES": device.uuid if device.kind == "gpu" and device.uuid else "",
+            "PYTHONUNBUFFERED": "1",
+        })
+        return env
+
+    async def start(self, request: StartInstance, device: DeviceInfo, log_path: Path) -> RunningInstance:
+        spec = request.spec
+        config = InstanceConfig(
+            instance_id=request.instance_id, function=request.function, handler=spec["handler"],
+            source_dir=request.source_dir, options=spec.get("model") or {},
+            max_batch_size=spec["batching"]["max_batch_size"], max_wait_ms=spec["batching"]["max_wait_ms"])
+        config_dir = self._state_dir / "instances"
+        config_dir.mkdir(parents=True, exist_ok=True)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        config_path = config_dir / f"{request.instance_id}.json"
+        config_path.write_text(json.dumps(asdict(config)), encoding="utf-8")
+
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((self._host, 0))
+        listener.listen(1024)
+        listener.set_inheritable(True)
+        port = listener.getsockname()[1]
+        try:
+            with open(log_path, "ab") as log:
+                process = subprocess.Popen(
+                    [self._python, "-m", "worker.runtime"],
+                    env=self.instance_env(request, device, config_path, listener.fileno()),
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    pass_fds=(listener.fileno(),), start_new_session=True,
+                    preexec_fn=_die_with_parent, cwd=request.source_dir,
+                )
+        except OSError as exc:
+            raise RuntimeError(f"cannot start instance process: {exc}") from exc
+        finally:
+            listener.close()
+        return RunningInstance(endpoint=f"http://{self._host}:{port}", pid=process.pid, handle=process)
+
+    def exit_code(self, running: RunningInstance) -> int | None:
+        return running.handle.poll()
+
+    async def stop(self, running: RunningInstance, grace_s: float) -> None:
+        process: subprocess.Popen = running.handle
+        if process.poll() is not None:
+            return
+        _signal_group(process.pid, signal.SIGTERM)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
+        while process.poll() is None and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        if process.poll() is None:
+            _signal_group(process.pid, signal.SIGKILL)
+            await asyncio.to_thread(process.wait)
+        else:
+            # Whatever the instance forked must go too.
+            _signal_group(process.pid, signal.SIGKILL)
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
