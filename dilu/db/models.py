@@ -5,12 +5,30 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, String, Text, BigInteger
+from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
 
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
+
+
+class UtcDateTime(TypeDecorator):
+    """Aware UTC datetimes on every backend (SQLite hands back naive values otherwise)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):  # noqa: ANN001, ANN201
+        if value is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=timezone.utc)
+        return value
+
+    def process_result_value(self, value, dialect):  # noqa: ANN001, ANN201
+        if value is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=timezone.utc)
+        return value
 
 
 class Base(DeclarativeBase):
@@ -29,8 +47,8 @@ class FunctionRow(Base):
     # deploying -> ready | failed
     status: Mapped[str] = mapped_column(String(16), default="deploying")
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
     requests_total: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
@@ -47,7 +65,7 @@ class WorkerRow(Base):
     device_name: Mapped[str | None] = mapped_column(String(255), nullable=True)
     memory_bytes: Mapped[int] = mapped_column(BigInteger)
     state: Mapped[str] = mapped_column(String(16), default="alive")  # alive | lost
-    last_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    last_seen: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
 
 
 class InstanceRow(Base):
@@ -66,9 +84,9 @@ class InstanceRow(Base):
     sm_request: Mapped[float | None] = mapped_column(Float, nullable=True)
     sm_limit: Mapped[float | None] = mapped_column(Float, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    ready_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
-    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+    ready_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    ended_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
 
 
 class ScalingEventRow(Base):
@@ -78,7 +96,7 @@ class ScalingEventRow(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     function: Mapped[str] = mapped_column(String(63), index=True)
-    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
     action: Mapped[str] = mapped_column(String(32))
     reason: Mapped[str] = mapped_column(Text)
     instance_id: Mapped[str | None] = mapped_column(String(64), nullable=True)

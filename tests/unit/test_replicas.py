@@ -1,0 +1,38 @@
+"""Instance-count decisions: scale from zero, keep-alive, scale to zero, failures."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from dilu.policy.replicas import ReplicaContext, desired_instances
+
+NOW = 10_000.0
+BASE = ReplicaContext(now=NOW, status="ready", min_instances=0, max_instances=4, keep_alive_s=60,
+                      current=1, last_active_at=NOW - 1, concurrency_per_instance=2)
+
+
+def expect(ctx: ReplicaContext, desired: int, reason_has: str) -> None:
+    decision = desired_instances(ctx)
+    assert decision.desired == desired, decision
+    assert reason_has in decision.reason, decision
+
+
+@pytest.mark.parametrize(("label", "ctx", "desired", "reason"), [
+    ("failed function runs nothing", replace(BASE, status="failed", min_instances=2), 0, "failed"),
+    ("deploying starts one to verify", replace(BASE, status="deploying", current=0), 1, "verifying"),
+    ("deploying keeps min when larger", replace(BASE, status="deploying", current=0, min_instances=3), 3, "verifying"),
+    ("queued request scales from zero", replace(BASE, current=0, queued=1, last_active_at=None), 1, "scale from zero"),
+    ("demand beyond capacity adds instances", replace(BASE, current=1, in_flight=5), 3, "need 3"),
+    ("demand capped at max", replace(BASE, current=1, in_flight=100), 4, "need 50"),
+    ("busy never scales in", replace(BASE, current=3, in_flight=1), 3, "serving"),
+    ("idle within keep-alive keeps instances", replace(BASE, current=2, last_active_at=NOW - 59), 2, "within keep-alive"),
+    ("idle past keep-alive goes to zero", replace(BASE, current=2, last_active_at=NOW - 60), 0, "keep-alive 60s"),
+    ("idle past keep-alive stops at minimum", replace(BASE, current=3, min_instances=1, last_active_at=NOW - 600), 1, "idle"),
+    ("never used counts as idle", replace(BASE, current=1, last_active_at=None), 0, "idle"),
+    ("below minimum is restored", replace(BASE, current=0, min_instances=2, last_active_at=None), 2, "at minimum"),
+    ("keep-alive zero stops at once", replace(BASE, keep_alive_s=0, last_active_at=NOW), 0, "idle"),
+])
+def test_desired_instances(label: str, ctx: ReplicaContext, desired: int, reason: str) -> None:
+    expect(ctx, desired, reason)

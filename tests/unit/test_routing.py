@@ -1,0 +1,96 @@
+"""The gateway's routing table: least outstanding choice and the bounded cold-start queue."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from dilu.messages import Endpoint
+from gateway.routing import NoInstance, QueueFull, RoutingTable, choose_least_outstanding
+
+A, B, C = Endpoint("a", "http://a"), Endpoint("b", "http://b"), Endpoint("c", "http://c")
+
+
+@pytest.mark.parametrize(("label", "endpoints", "outstanding", "exclude", "expected"), [
+    ("none", [], {}, frozenset(), None),
+    ("idle first wins ties", [A, B], {}, frozenset(), A),
+    ("fewest outstanding", [A, B, C], {"a": 3, "b": 1, "c": 2}, frozenset(), B),
+    ("excluded skipped", [A, B], {"a": 0, "b": 5}, frozenset({"a"}), B),
+    ("all excluded", [A], {}, frozenset({"a"}), None),
+])
+def test_choose_least_outstanding(label, endpoints, outstanding, exclude, expected) -> None:  # noqa: ANN001
+    assert choose_least_outstanding(endpoints, outstanding, exclude) == expected, label
+
+
+async def test_acquire_release_spreads_load() -> None:
+    table = RoutingTable(queue_size=4)
+    table.set_endpoints("f", [A, B])
+    first = table.pick("f")
+    table.acquire("f", first.instance_id)
+    second = table.pick("f")
+    assert {first, second} == {A, B}
+    assert table.in_flight("f") == 1
+    table.release("f", first.instance_id)
+    assert table.in_flight("f") == 0
+
+
+async def test_waiter_gets_the_endpoint_that_appears() -> None:
+    table = RoutingTable(queue_size=4)
+    queued = asyncio.Event()
+
+    async def on_queued() -> None:
+        queued.set()
+
+    waiter = asyncio.create_task(table.wait_for_endpoint("f", 30, on_queued=on_queued))
+    await queued.wait()
+    assert table.queued("f") == 1
+    table.set_endpoints("f", [A])
+    assert await waiter == A
+    assert table.queued("f") == 0
+
+
+async def test_queue_overflow_is_refused() -> None:
+    table = RoutingTable(queue_size=1)
+    queued = asyncio.Event()
+
+    async def on_queued() -> None:
+        queued.set()
+
+    waiter = asyncio.create_task(table.wait_for_endpoint("f", 30, on_queued=on_queued))
+    await queued.wait()
+    with pytest.raises(QueueFull):
+        await table.wait_for_endpoint("f", 30)
+    table.set_failure("f", "boom")
+    with pytest.raises(NoInstance, match="boom"):
+        await waiter
+
+
+async def test_deadline_gives_up() -> None:
+    table = RoutingTable(queue_size=1)
+    with pytest.raises(NoInstance, match="within 0.01s"):
+        await table.wait_for_endpoint("f", 0.01)
+    assert table.queued("f") == 0
+
+
+async def test_deleted_function_releases_waiters() -> None:
+    table = RoutingTable(queue_size=2)
+    queued = asyncio.Event()
+
+    async def on_queued() -> None:
+        queued.set()
+
+    waiter = asyncio.create_task(table.wait_for_endpoint("f", 30, on_queued=on_queued))
+    await queued.wait()
+    table.forget("f")
+    with pytest.raises(NoInstance, match="deleted"):
+        await waiter
+
+
+async def test_dropped_endpoint_is_not_chosen_until_refreshed() -> None:
+    table = RoutingTable(queue_size=2)
+    table.set_endpoints("f", [A, B])
+    table.drop_endpoint("f", "a")
+    assert table.pick("f") == B
+    table.replace_all({"f": [A, B]})
+    assert table.endpoints("f") == [A, B]

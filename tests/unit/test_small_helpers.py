@@ -1,0 +1,39 @@
+"""Small pure helpers: activity merging, exit descriptions, log tails."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dilu.state.base import merge_activity
+from worker.agent import describe_exit, read_log_tail
+from worker.runtime.server import ERROR_MARKER, EXIT_LOAD_FAILED
+
+
+def test_merge_activity_sums_gateways_and_keeps_latest_request() -> None:
+    merged = merge_activity(
+        [{"f": {"in_flight": 2, "queued": 1, "last_request_at": 10.0}},
+         {"f": {"in_flight": 1, "queued": 0, "last_request_at": 12.0}, "g": {"in_flight": 0}}],
+        {"f": {100: 3}})
+    assert merged["f"].in_flight == 3 and merged["f"].queued == 1
+    assert merged["f"].last_request_at == 12.0 and merged["f"].requests == {100: 3}
+    assert merged["g"].last_request_at is None
+
+
+@pytest.mark.parametrize(("code", "log", "expected"), [
+    (EXIT_LOAD_FAILED, f"Traceback...\n{ERROR_MARKER}Echo.load() failed: OSError: no weights\n",
+     "Echo.load() failed: OSError: no weights"),
+    (EXIT_LOAD_FAILED, "", "handler failed to load"),
+    (-9, "serving\n", "killed by signal 9"),
+    (1, "boom\n", "exited with status 1"),
+])
+def test_describe_exit(code: int, log: str, expected: str) -> None:
+    assert expected in describe_exit(code, log)
+
+
+def test_read_log_tail(tmp_path: Path) -> None:
+    log = tmp_path / "x.log"
+    assert read_log_tail(log, 5) == ""
+    log.write_text("".join(f"line {i}\n" for i in range(100)))
+    assert read_log_tail(log, 3) == "line 97\nline 98\nline 99"

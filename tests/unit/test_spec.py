@@ -1,0 +1,84 @@
+"""model.yaml parsing: defaults, validation errors that name the field and line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dilu.spec import ClusterDefaults, SpecError, SpecModel, json_schema, make_spec, parse_memory
+
+MINIMAL = "name: hello\nhandler: handler:Echo\n"
+
+
+def test_minimal_spec_gets_documented_defaults() -> None:
+    spec = make_spec(MINIMAL)
+    assert spec.function_class == "latency"
+    assert spec.scaling.min_instances == 0 and spec.scaling.keep_alive_s == 60
+    assert spec.batching.max_batch_size == 1
+    assert spec.resources.gpu == "auto" and spec.resources.memory == 2 * 2**30
+
+
+def test_reference_yaml_equals_the_defaults() -> None:
+    reference = Path(__file__).resolve().parents[2] / "docs" / "model.reference.yaml"
+    spec = make_spec(reference.read_text())
+    assert spec == make_spec(f"name: {spec.name}\nhandler: {spec.handler}\n")
+
+
+def test_cluster_default_applies_only_where_the_user_is_silent() -> None:
+    defaults = ClusterDefaults(keep_alive_s=5)
+    assert make_spec(MINIMAL, defaults).scaling.keep_alive_s == 5
+    explicit = MINIMAL + "scaling:\n  keep_alive_s: 30\n"
+    assert make_spec(explicit, defaults).scaling.keep_alive_s == 30
+
+
+@pytest.mark.parametrize(("name", "text", "expected"), [
+    ("malformed yaml", "name: [unclosed\nhandler: x:Y\n", "malformed YAML at line"),
+    ("not a mapping", "- just\n- a list\n", "expected a mapping"),
+    ("missing handler", "name: hello\n", "handler: required field is missing"),
+    ("unknown top-level field", MINIMAL + "replicas: 3\n", "replicas (line 3): unknown field"),
+    ("typo in nested field", MINIMAL + "scaling:\n  max_instance: 2\n", "scaling.max_instance (line 4): unknown field"),
+    ("mistyped integer", MINIMAL + "batching:\n  max_batch_size: lots\n", "batching.max_batch_size (line 4)"),
+    ("bad class", MINIMAL + "class: realtime\n", "class (line 3)"),
+    ("bad name", "name: Hello_World\nhandler: handler:Echo\n", "name (line 1)"),
+    ("bad handler form", "name: hello\nhandler: handler.Echo\n", "handler (line 2)"),
+    ("bad memory", MINIMAL + "resources:\n  memory: lots\n", "resources.memory (line 4)"),
+    ("request above limit", MINIMAL + "resources:\n  sm_request: 0.8\n  sm_limit: 0.5\n",
+     "sm_request must be <= sm_limit"),
+    ("min above max", MINIMAL + "scaling:\n  min_instances: 5\n  max_instances: 2\n", "min_instances must be <="),
+    ("reserved env", MINIMAL + "env:\n  LD_PRELOAD: x\n", "reserved by the platform"),
+])
+def test_invalid_specs_name_the_problem(name: str, text: str, expected: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        make_spec(text)
+    assert expected in str(caught.value), f"{name}: {caught.value}"
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (1024, 1024), ("512Mi", 512 * 2**20), ("2Gi", 2 * 2**30), ("1.5Gi", int(1.5 * 2**30)),
+    ("2G", 2 * 10**9), ("100k", 100_000), ("64MiB", 64 * 2**20),
+])
+def test_parse_memory(value: int | str, expected: int) -> None:
+    assert parse_memory(value) == expected
+
+
+@pytest.mark.parametrize("value", ["", "lots", "-1Gi", 0, True, "1Pi"])
+def test_parse_memory_rejects(value: object) -> None:
+    with pytest.raises(ValueError):
+        parse_memory(value)  # type: ignore[arg-type]
+
+
+def test_schema_uses_yaml_names_and_forbids_extras() -> None:
+    schema = json_schema()
+    assert "class" in schema["properties"] and "function_class" not in schema["properties"]
+    assert schema.get("additionalProperties") is False
+    assert set(schema["required"]) == {"name", "handler"}
+
+
+@pytest.mark.parametrize("example", sorted((Path(__file__).resolve().parents[2] / "examples").glob("*/model.yaml")),
+                         ids=lambda p: p.parent.name)
+def test_shipped_examples_are_valid(example: Path) -> None:
+    spec = make_spec(example.read_text())
+    assert spec.name == example.parent.name
+    assert isinstance(SpecModel.model_validate(yaml.safe_load(example.read_text())), SpecModel)
