@@ -97,7 +97,9 @@ class SpecModel(_Strict):
     scaling: Scaling = Field(default_factory=Scaling)
     batching: Batching = Field(default_factory=Batching)
     env: dict[str, str] = Field(default_factory=dict)
-    idempotent: bool = Field(False, description="May a request be retried on another instance after a failure")
+    # Inference is normally free of side effects, so a request whose instance died under it is
+    # retried once elsewhere; a function with side effects sets this to false.
+    idempotent: bool = Field(True, description="May a request be retried on another instance after a failure")
 
     @field_validator("env")
     @classmethod

@@ -1,0 +1,100 @@
+"""The worker agent with the process runtime: real child processes, real HTTP, real signals."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import httpx
+import pytest
+
+from dilu.messages import DeviceInfo, WorkerInfo
+from dilu.state.base import Channel
+from dilu.state.memory import MemoryStore
+from tests.builders import make_start
+from tests.conftest import FIXTURE_FUNCTIONS
+from tests.waiting import async_eventually
+from worker.agent import WorkerAgent
+from worker.runtimes.process import ProcessBackend
+
+OK = str(FIXTURE_FUNCTIONS / "ok")
+
+@pytest.fixture
+async def agent(tmp_path: Path):  # noqa: ANN201
+    store = MemoryStore()
+    info = WorkerInfo(id="w-test", host="test", url=None,
+                      device=DeviceInfo(kind="cpu", uuid=None, name="cpu", memory_bytes=2**33))
+    worker = WorkerAgent(info=info, backend=ProcessBackend(state_dir=tmp_path), store=store,
+                         logs_dir=tmp_path / "logs", health_poll_s=0.05, stop_grace_s=5)
+    worker.store = store  # for the tests' subscriptions
+    yield worker
+    await worker.shutdown()
+
+async def state_of(agent: WorkerAgent, instance_id: str) -> str:
+    return next(s for s in await agent.list_instances() if s.instance_id == instance_id).state
+
+async def until_state(agent: WorkerAgent, instance_id: str, wanted: str, timeout: float = 60) -> None:
+    async def reached() -> bool:
+        await agent.check_instances()
+        return await state_of(agent, instance_id) == wanted
+
+    await async_eventually(reached, timeout=timeout, what=f"{instance_id} to be {wanted}")
+
+async def test_instance_serves_batched_requests_with_its_env_and_options(agent: WorkerAgent) -> None:
+    changes = await agent.store.subscribe(Channel.INSTANCES)
+    status = await agent.start_instance(make_start("i-ok", OK, env={"GREETING": "hi"}, model={"size": 3},
+                                                   batching={"max_batch_size": 4, "max_wait_ms": 50}))
+    assert status.state == "starting" and status.endpoint.startswith("http://127.0.0.1:")
+    await until_state(agent, "i-ok", "ready")
+    assert (await changes.get(timeout=5))["state"] == "starting"
+    assert (await changes.get(timeout=5))["state"] == "ready"
+    async with httpx.AsyncClient(base_url=status.endpoint) as client:
+        assert (await client.get("/health")).json()["status"] == "ready"
+
+        replies = await asyncio.gather(*(client.post("/infer", json={"n": i}) for i in range(4)))
+        bodies = [r.json() for r in replies]
+        assert [b["input"] for b in bodies] == [{"n": i} for i in range(4)]
+        assert {b["greeting"] for b in bodies} == {"hi"}
+        assert bodies[0]["options"] == {"size": 3}
+        assert max(int(r.headers["x-dilu-batch-size"]) for r in replies) > 1
+        assert (await client.post("/infer", content=b"{nope")).status_code == 400
+        assert "dilu_instance_batch_size" in (await client.get("/metrics")).text
+    await changes.aclose()
+
+async def test_kill_9_is_reported_as_failed_with_the_signal(agent: WorkerAgent) -> None:
+    status = await agent.start_instance(make_start("i-kill", OK))
+    await until_state(agent, "i-kill", "ready")
+    os.kill(status.pid, signal.SIGKILL)
+    await until_state(agent, "i-kill", "failed")
+    report = next(s for s in await agent.list_instances() if s.instance_id == "i-kill")
+    assert report.was_ready and "signal 9" in report.error
+    with pytest.raises(httpx.ConnectError):
+        async with httpx.AsyncClient() as client:
+            await client.get(status.endpoint + "/health")
+
+@pytest.mark.parametrize(("folder", "handler", "message"), [
+    ("bad_import", "handler:Broken", "No module named 'module_that_does_not_exist'"),
+    ("bad_load", "handler:FailsToLoad", "FailsToLoad.load() failed: RuntimeError: weights file is corrupt"),
+    ("no_class", "handler:Missing", "handler class 'Missing' not found"),
+])
+async def test_handler_failures_end_the_instance_with_the_handlers_error(
+        agent: WorkerAgent, folder: str, handler: str, message: str) -> None:
+    await agent.start_instance(make_start("i-bad", str(FIXTURE_FUNCTIONS / folder), handler=handler))
+    await until_state(agent, "i-bad", "failed")
+    report = next(s for s in await agent.list_instances() if s.instance_id == "i-bad")
+    assert message in report.error and not report.was_ready and report.exit_code == 3
+    assert "Traceback" in await agent.read_logs("i-bad")
+
+async def test_graceful_stop_and_idempotence(agent: WorkerAgent) -> None:
+    status = await agent.start_instance(make_start("i-stop", OK))
+    again = await agent.start_instance(make_start("i-stop", OK))
+    assert again.pid == status.pid
+    await until_state(agent, "i-stop", "ready")
+    await agent.stop_instance("i-stop")
+    assert await state_of(agent, "i-stop") == "stopped"
+    await agent.stop_instance("i-stop")
+    await agent.stop_instance("unknown")
+    with pytest.raises(ProcessLookupError):
+        os.kill(status.pid, 0)

@@ -1,0 +1,101 @@
+"""Repository functions against a migrated SQLite file and a migrated PostgreSQL database."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import inspect
+
+from dilu.db import repo
+from dilu.db.engine import make_engine, make_session_factory, migrate
+from dilu.db.models import InstanceRow, utcnow
+from tests.builders import make_spec_dict, make_worker
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def sessions(request: pytest.FixtureRequest, tmp_path: Path):  # noqa: ANN201
+    url = f"sqlite:///{tmp_path / 'db' / 'dilu.db'}" if request.param == "sqlite" \
+        else request.getfixturevalue("postgres_url")
+    migrate(url)
+    migrate(url)  # idempotent
+    engine = make_engine(url)
+    assert {"functions", "instances", "workers", "scaling_events"} <= set(inspect(engine).get_table_names())
+    yield make_session_factory(engine)
+    engine.dispose()
+
+
+def _instance(instance_id: str, function: str = "fn", worker: str = "w1", state: str = "ready") -> InstanceRow:
+    return InstanceRow(id=instance_id, function=function, function_version=1, worker_id=worker, state=state,
+                       memory_bytes=1024, created_at=utcnow())
+
+
+def test_redeploy_bumps_version_and_resets_status(sessions) -> None:  # noqa: ANN001
+    with sessions() as session:
+        row, created = repo.upsert_function(session=session, spec=make_spec_dict("fn"), source_dir="/a")
+        assert created and row.version == 1 and row.status == "deploying"
+        assert repo.set_function_status(session=session, name="fn", version=1, status="failed", error="boom")
+        row, created = repo.upsert_function(session=session, spec=make_spec_dict("fn", batching={"max_batch_size": 4}),
+                                            source_dir="/b")
+        assert not created and row.version == 2 and row.status == "deploying" and row.error is None
+    with sessions() as session:
+        stored = repo.get_function(session=session, name="fn")
+        assert stored.spec["batching"]["max_batch_size"] == 4 and stored.source_dir == "/b"
+        assert stored.created_at.tzinfo is not None
+
+
+def test_stale_status_does_not_overwrite_a_newer_version(sessions) -> None:  # noqa: ANN001
+    with sessions() as session:
+        repo.upsert_function(session=session, spec=make_spec_dict("fn"), source_dir="/a")
+        repo.upsert_function(session=session, spec=make_spec_dict("fn"), source_dir="/a")
+        assert not repo.set_function_status(session=session, name="fn", version=1, status="failed", error="old")
+        assert repo.get_function(session=session, name="fn").status == "deploying"
+
+
+def test_lost_worker_takes_its_instances_with_it(sessions) -> None:  # noqa: ANN001
+    now = utcnow()
+    with sessions() as session:
+        repo.upsert_function(session=session, spec=make_spec_dict("fn"), source_dir="/a")
+        repo.upsert_workers(session=session, workers=[make_worker("w1"), make_worker("w2")], now=now)
+        repo.create_instance(session=session, row=_instance("i1", worker="w1"))
+        repo.create_instance(session=session, row=_instance("i2", worker="w2"))
+        repo.mark_workers_lost(session=session, worker_ids=["w1"], now=now)
+    with sessions() as session:
+        states = {r.id: r.state for r in repo.list_instances(session=session)}
+        assert states == {"i1": "lost", "i2": "ready"}
+        assert {w.id: w.state for w in repo.list_workers(session=session)} == {"w1": "lost", "w2": "alive"}
+        assert [r.id for r in repo.list_instances(session=session, active_only=True)] == ["i2"]
+
+
+def test_delete_function_removes_its_instances(sessions) -> None:  # noqa: ANN001
+    with sessions() as session:
+        repo.upsert_function(session=session, spec=make_spec_dict("fn"), source_dir="/a")
+        repo.create_instance(session=session, row=_instance("i1"))
+        assert repo.delete_function(session=session, name="fn")
+        assert not repo.delete_function(session=session, name="fn")
+        assert repo.list_instances(session=session) == []
+
+
+def test_request_counts_and_events(sessions) -> None:  # noqa: ANN001
+    with sessions() as session:
+        repo.upsert_function(session=session, spec=make_spec_dict("fn"), source_dir="/a")
+        repo.add_request_counts(session=session, counts={"fn": 3})
+        repo.add_request_counts(session=session, counts={"fn": 4, "ghost": 1})
+        assert repo.get_function(session=session, name="fn").requests_total == 7
+        for i in range(5):
+            repo.record_event(session=session, function="fn", action="scale-up", reason=f"r{i}")
+        assert [e.reason for e in repo.list_events(session=session, function="fn", limit=2)] == ["r3", "r4"]
+
+
+def test_prune_keeps_the_newest_ended_instances(sessions) -> None:  # noqa: ANN001
+    base = utcnow()
+    with sessions() as session:
+        repo.upsert_function(session=session, spec=make_spec_dict("fn"), source_dir="/a")
+        for i in range(5):
+            row = _instance(f"i{i}", state="stopped")
+            row.created_at = base + timedelta(seconds=i)
+            repo.create_instance(session=session, row=row)
+        repo.create_instance(session=session, row=_instance("live"))
+        repo.prune_instances(session=session, keep_ended=2)
+        assert sorted(r.id for r in repo.list_instances(session=session)) == ["i3", "i4", "live"]

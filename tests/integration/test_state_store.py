@@ -1,0 +1,69 @@
+"""The state store contract, against the in-process store and the real Redis."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from dilu.messages import Endpoint
+from dilu.state.base import Channel
+from dilu.state.memory import MemoryStore
+from dilu.state.redis_store import RedisStore
+from tests.builders import make_worker
+from tests.conftest import REDIS_URL
+from tests.waiting import async_eventually
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def store(request: pytest.FixtureRequest):  # noqa: ANN201
+    if request.param == "memory":
+        instance = MemoryStore()
+    else:
+        instance = RedisStore(REDIS_URL, request.getfixturevalue("redis_prefix"))
+        await instance.ping()
+    yield instance
+    await instance.close()
+
+
+async def test_heartbeats_expire(store) -> None:  # noqa: ANN001
+    await store.heartbeat(make_worker("short"), ttl_s=0.2)
+    await store.heartbeat(make_worker("long"), ttl_s=30)
+    assert {w.id for w in await store.live_workers()} == {"short", "long"}
+    live = await store.live_workers()
+    assert next(w for w in live if w.id == "long").device.memory_bytes == make_worker().device.memory_bytes
+
+    async def only_long() -> bool:
+        return {w.id for w in await store.live_workers()} == {"long"}
+
+    await async_eventually(only_long, timeout=5, what="short heartbeat to expire")
+
+
+async def test_routes_replace_and_clear(store) -> None:  # noqa: ANN001
+    await store.set_routes("f", [Endpoint("a", "http://a"), Endpoint("b", "http://b")])
+    await store.set_routes("g", [Endpoint("c", "http://c")])
+    await store.set_routes("f", [Endpoint("b", "http://b")])
+    assert await store.get_routes() == {"f": [Endpoint("b", "http://b")], "g": [Endpoint("c", "http://c")]}
+    await store.set_routes("g", [])
+    assert set(await store.get_routes()) == {"f"}
+
+
+async def test_activity_sums_gateways_and_counts_requests(store) -> None:  # noqa: ANN001
+    second = int(time.time())
+    await store.report_activity("gw1", {"f": {"in_flight": 2, "queued": 1, "last_request_at": 5.0}},
+                                {"f": {second: 3}}, ttl_s=30)
+    await store.report_activity("gw2", {"f": {"in_flight": 1, "queued": 0, "last_request_at": 7.0}},
+                                {"f": {second: 2}}, ttl_s=30)
+    activity = (await store.function_activity())["f"]
+    assert (activity.in_flight, activity.queued, activity.last_request_at) == (3, 1, 7.0)
+    assert activity.requests == {second: 5}
+
+
+async def test_publish_reaches_subscribers_of_that_channel_only(store) -> None:  # noqa: ANN001
+    demand = await store.subscribe(Channel.DEMAND)
+    routes = await store.subscribe(Channel.ROUTES)
+    await store.publish(Channel.DEMAND, {"function": "f"})
+    assert await demand.get(timeout=5) == {"function": "f"}
+    assert await routes.get(timeout=0.2) is None
+    await demand.aclose()
+    await routes.aclose()

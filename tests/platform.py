@@ -1,0 +1,137 @@
+"""Runs `dilu up` (or single roles) as real child processes for end-to-end tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.waiting import eventually
+
+URL_PATTERN = re.compile(r"(?:Dilu is up at|Dilu gateway at|Dilu worker at) (http://\S+)")
+
+
+def dilu_executable() -> str:
+    found = shutil.which("dilu", path=str(Path(sys.executable).parent)) or shutil.which("dilu")
+    assert found, "the dilu console script is not installed"
+    return found
+
+
+@dataclass
+class Role:
+    """One running `dilu ...` process."""
+
+    process: subprocess.Popen
+    log_path: Path
+    log_file: Any = None
+    lines: list[str] = field(default_factory=list)
+    url: str | None = None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self.process.stdout:
+            self.process.stdout.close()
+        if self.log_file:
+            self.log_file.close()
+        return self.process.returncode
+
+
+def list_lines(stream):  # noqa: ANN001, ANN201
+    """Yields lines until the stream ends or is closed."""
+    while True:
+        try:
+            line = stream.readline()
+        except ValueError:
+            return
+        if not line:
+            return
+        yield line
+
+
+def start_role(args: list[str], env: dict[str, str], log_path: Path, wait_for_url: bool = True,
+               timeout: float = 60) -> Role:
+    full_env = {**os.environ, **env}
+    log_file = open(log_path, "ab")  # noqa: SIM115 - closed with the process
+    process = subprocess.Popen([dilu_executable(), *args], env=full_env, stdout=subprocess.PIPE,
+                               stderr=log_file, stdin=subprocess.DEVNULL, text=True)
+    role = Role(process=process, log_path=log_path, log_file=log_file)
+
+    def pump() -> None:
+        for line in list_lines(process.stdout):
+            role.lines.append(line.rstrip("\n"))
+            match = URL_PATTERN.search(line)
+            if match and role.url is None:
+                role.url = match.group(1)
+
+    threading.Thread(target=pump, daemon=True).start()
+    if wait_for_url:
+        def has_url() -> bool:
+            if process.poll() is not None:
+                raise AssertionError(f"dilu {' '.join(args)} exited early:\n{role.log()}")
+            return role.url is not None
+
+        eventually(has_url, timeout=timeout, what=f"dilu {' '.join(args)} to start")
+    return role
+
+
+class Platform:
+    """`dilu up` in a child process plus helpers to drive it through the CLI and HTTP."""
+
+    def __init__(self, home: Path, env: dict[str, str] | None = None, demo: bool = False) -> None:
+        self.home = home
+        self.env = {"DILU_HOME": str(home), **(env or {})}
+        args = ["up", "--port", "0"] + (["--demo"] if demo else [])
+        self.role = start_role(args, self.env, home.parent / f"{home.name}-up.log")
+        self.url = self.role.url
+        self.http = httpx.Client(base_url=self.url, timeout=120)
+
+    def cli(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+        env = {**os.environ, **self.env, "DILU_URL": self.url, "COLUMNS": "200"}
+        return subprocess.run([dilu_executable(), *args], env=env, capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL)
+
+    def function(self, name: str) -> dict[str, Any]:
+        return self.http.get(f"/v1/functions/{name}").json()
+
+    def instances(self, name: str) -> list[dict[str, Any]]:
+        return self.http.get(f"/v1/functions/{name}/instances").json()
+
+    def invoke(self, name: str, payload: Any) -> httpx.Response:
+        return self.http.post(f"/v1/functions/{name}/invoke", content=json.dumps(payload),
+                              headers={"content-type": "application/json"})
+
+    def deploy_file(self, spec_file: Path, yaml_text: str | None = None) -> httpx.Response:
+        return self.http.post("/v1/functions", json={
+            "yaml": yaml_text if yaml_text is not None else spec_file.read_text(),
+            "source_dir": str(spec_file.parent)})
+
+    def wait_ready(self, name: str, timeout: float = 120) -> dict[str, Any]:
+        def ready() -> dict[str, Any] | None:
+            function = self.function(name)
+            assert function["status"] != "failed", function["error"]
+            return function if function["status"] == "ready" and function["ready_instances"] > 0 else None
+
+        return eventually(ready, timeout=timeout, what=f"{name} to be ready")
+
+    def close(self) -> int:
+        self.http.close()
+        return self.role.stop()
