@@ -36,6 +36,8 @@ class FunctionPublic(BaseModel):
     ready_instances: int
     starting_instances: int
     requests_total: int
+    queued_requests: int = Field(0, description="Requests waiting for an instance at this gateway")
+    in_flight_requests: int = Field(0, description="Requests being served, seen from this gateway")
     invoke_url: str
     spec: dict[str, Any]
     source_dir: str

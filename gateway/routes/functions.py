@@ -14,14 +14,18 @@ from dilu.source import check_handler_source
 from dilu.spec import ClusterDefaults, SpecError, make_spec, spec_from_dict, spec_to_dict
 from dilu.state.base import Channel
 from gateway.deps import ServicesDep, SessionDep
+from gateway.routing import RoutingTable
 from gateway.schemas import DeployRequest, EventPublic, FunctionPublic, InstancePublic
 
 router = APIRouter(prefix="/v1/functions", tags=["functions"])
 
 
-def to_public(row: FunctionRow, session: Session, base_url: str) -> FunctionPublic:
+def to_public(row: FunctionRow, session: Session, base_url: str,
+              routing: RoutingTable | None = None) -> FunctionPublic:
     instances = repo.list_instances(session=session, function=row.name, active_only=True)
     return FunctionPublic(
+        queued_requests=routing.queued(row.name) if routing else 0,
+        in_flight_requests=routing.in_flight(row.name) if routing else 0,
         name=row.name, version=row.version, status=row.status, error=row.error,
         ready_instances=sum(1 for i in instances if i.state == READY),
         starting_instances=sum(1 for i in instances if i.state == STARTING),
@@ -71,13 +75,14 @@ async def deploy(body: DeployRequest, request: Request, response: Response, serv
 
 
 @router.get("", response_model=list[FunctionPublic])
-def list_functions(request: Request, session: SessionDep) -> list[FunctionPublic]:
-    return [to_public(row, session, _base_url(request)) for row in repo.list_functions(session=session)]
+def list_functions(request: Request, session: SessionDep, services: ServicesDep) -> list[FunctionPublic]:
+    return [to_public(row, session, _base_url(request), services.routing)
+            for row in repo.list_functions(session=session)]
 
 
 @router.get("/{name}", response_model=FunctionPublic)
-def get_function(name: str, request: Request, session: SessionDep) -> FunctionPublic:
-    return to_public(_existing(session, name), session, _base_url(request))
+def get_function(name: str, request: Request, session: SessionDep, services: ServicesDep) -> FunctionPublic:
+    return to_public(_existing(session, name), session, _base_url(request), services.routing)
 
 
 @router.delete("/{name}", status_code=200)

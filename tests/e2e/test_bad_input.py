@@ -1,0 +1,140 @@
+"""Bad input gets a clear error naming what is wrong, and the platform keeps serving others."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import FIXTURE_FUNCTIONS
+from tests.waiting import eventually
+
+
+@pytest.fixture
+def serving(start_platform, tmp_path: Path):  # noqa: ANN001, ANN201
+    """A platform with a small body limit and a healthy function that must keep working."""
+    platform = start_platform(env={"DILU_MAX_REQUEST_BYTES": "2048"})
+    source = shutil.copytree(FIXTURE_FUNCTIONS / "ok", tmp_path / "ok")
+    assert platform.cli("deploy", str(source / "model.yaml")).returncode == 0
+    yield platform
+    reply = platform.invoke("ok", {"still": "serving"})
+    assert reply.status_code == 200 and reply.json()["input"] == {"still": "serving"}
+
+
+def _write(tmp_path: Path, text: str, handler_from: str | None = "ok") -> Path:
+    folder = tmp_path / "spec"
+    if handler_from and not folder.exists():
+        shutil.copytree(FIXTURE_FUNCTIONS / handler_from, folder)
+    folder.mkdir(exist_ok=True)
+    spec = folder / "model.yaml"
+    spec.write_text(text)
+    return spec
+
+
+@pytest.mark.parametrize(("label", "yaml_text", "message"), [
+    ("malformed YAML", "name: x\nhandler: [handler:Echo\n", "malformed YAML at line"),
+    ("unknown field", "name: x\nhandler: handler:Echo\nreplica: 2\n", "replica (line 3): unknown field"),
+    ("mistyped field", "name: x\nhandler: handler:Echo\nscaling:\n  max_instances: many\n",
+     "scaling.max_instances (line 4)"),
+    ("handler module that does not exist", "name: x\nhandler: nowhere:Thing\n", "module 'nowhere' not found"),
+])
+def test_invalid_specs_are_refused_by_deploy(serving, tmp_path: Path, label: str, yaml_text: str,
+                                             message: str) -> None:
+    result = serving.cli("deploy", str(_write(tmp_path, yaml_text)))
+    assert result.returncode == 1, label
+    assert message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    reply = serving.deploy_file(tmp_path / "spec" / "model.yaml")
+    assert reply.status_code == 422 and message in reply.json()["error"]
+    assert serving.http.get("/v1/functions/x").status_code == 404
+
+
+@pytest.mark.parametrize(("folder", "message"), [
+    ("bad_import", "No module named 'module_that_does_not_exist'"),
+    ("bad_load", "RuntimeError: weights file is corrupt"),
+    ("no_class", "handler class 'Missing' not found"),
+])
+def test_handler_that_cannot_load_fails_the_deploy_with_its_error(serving, tmp_path: Path, folder: str,
+                                                                  message: str) -> None:
+    source = shutil.copytree(FIXTURE_FUNCTIONS / folder, tmp_path / folder)
+    name = (source / "model.yaml").read_text().split("\n")[0].split(": ")[1]
+    result = serving.cli("deploy", str(source / "model.yaml"))
+    assert result.returncode == 1 and message in result.stderr, result.stderr
+    assert f"dilu logs {name}" in result.stderr
+    logs = serving.cli("logs", name)
+    assert "Traceback" in logs.stdout and message in logs.stdout
+    assert serving.function(name)["status"] == "failed"
+    # No retry storm: the failed function is not restarted.
+    instances = serving.http.get(f"/v1/functions/{name}/instances", params={"all": True}).json()
+    assert len(instances) == 1 and instances[0]["state"] == "failed"
+    reply = serving.invoke(name, {})
+    assert reply.status_code == 503 and message in reply.json()["error"]
+
+
+def test_bad_requests_get_json_errors(serving) -> None:  # noqa: ANN001
+    cases = [
+        (serving.http.post("/v1/functions/ok/invoke", content=b"{not json"), 400, "not valid JSON"),
+        (serving.http.post("/v1/functions/ghost/invoke", json={}), 404, "function 'ghost' not found"),
+        (serving.http.post("/v1/functions/ok/invoke", json={"blob": "x" * 4096}), 413, "exceeds the limit of 2048"),
+        (serving.http.post("/v1/functions", content=b"[[["), 422, ""),
+        (serving.http.post("/v1/functions", json={"source_dir": "/tmp"}), 422, "give the spec"),
+        (serving.http.get("/v1/functions/ghost"), 404, "not found"),
+        (serving.http.delete("/v1/functions/ghost"), 404, "not found"),
+        (serving.http.get("/no/such/route"), 404, "Not Found"),
+    ]
+    for reply, status, message in cases:
+        assert reply.status_code == status, (reply.request.url, reply.text)
+        assert message in reply.json()["error"], reply.text
+
+
+def test_cli_errors_are_one_line_messages(serving, tmp_path: Path) -> None:  # noqa: ANN001
+    for args, message in [
+        (["invoke", "ghost"], "function 'ghost' not found"),
+        (["invoke", "ok", "--data", "{oops"], "--data is not valid JSON"),
+        (["invoke", "ok", "--data", "@/no/such/file.json"], "cannot read /no/such/file.json"),
+        (["deploy", str(tmp_path / "missing.yaml")], "no such file"),
+        (["rm", "ghost"], "not found"),
+        (["describe", "ghost"], "not found"),
+    ]:
+        result = serving.cli(*args)
+        assert result.returncode == 1, args
+        assert message in result.stderr and "Traceback" not in result.stderr, (args, result.stderr)
+
+
+def test_cli_reports_an_unreachable_gateway(serving) -> None:  # noqa: ANN001
+    import os
+    import subprocess
+
+    from tests.platform import dilu_executable
+
+    result = subprocess.run([dilu_executable(), "ls"], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "DILU_URL": "http://127.0.0.1:9"})
+    assert result.returncode == 1 and "cannot reach the Dilu gateway" in result.stderr
+
+
+def test_cold_start_queue_overflow_and_deadline(start_platform, tmp_path: Path) -> None:
+    platform = start_platform(env={"DILU_QUEUE_SIZE": "1", "DILU_QUEUE_TIMEOUT_S": "1.5"})
+    release = tmp_path / "release"
+    source = shutil.copytree(FIXTURE_FUNCTIONS / "slow_load", tmp_path / "slow")
+    (source / "model.yaml").write_text(
+        "name: slow\nhandler: handler:SlowLoad\nresources:\n  memory: 64Mi\n  gpu: false\n"
+        f"model:\n  release_file: {release}\n")
+    assert platform.cli("deploy", str(source / "model.yaml"), "--no-wait").returncode == 0
+
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        first = pool.submit(platform.invoke, "slow", {"n": 1})
+        eventually(lambda: platform.function("slow")["queued_requests"] == 1, timeout=30, what="a queued request")
+        second = platform.invoke("slow", {"n": 2})
+        assert second.status_code == 429 and second.headers["retry-after"] == "1"
+        assert "already wait" in second.json()["error"]
+        timed_out = first.result(60)
+    assert timed_out.status_code == 504 and "became ready within 1.5s" in timed_out.json()["error"]
+
+    release.write_text("go")
+    platform.wait_ready("slow")
+    reply = platform.invoke("slow", {"n": 3})
+    assert reply.status_code == 200 and reply.json() == {"input": {"n": 3}}
+
