@@ -16,7 +16,7 @@ from dilu.controller.reconciler import Reconciler
 from dilu.db.engine import make_engine, make_session_factory, migrate
 from dilu.default_impl import create_backend, create_http_client, create_scheduler, create_store, worker_id
 from dilu.messages import WorkerInfo
-from gateway.app import create_app
+from gateway.app import create_asgi
 from gateway.services import GatewayServices
 from worker.agent import WorkerAgent
 from worker.api import create_worker_api
@@ -86,7 +86,7 @@ async def run_all_in_one(settings: AllInOneSettings, on_ready: OnReady | None = 
     async def build() -> GatewayServices:
         return GatewayServices(settings=settings, sessions=sessions, store=store, directory=directory, http=http)
 
-    app = create_app(build)
+    app = create_asgi(build)
     server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
                                            access_log=False, timeout_graceful_shutdown=10))
     background = [asyncio.create_task(agent.run()) for agent in agents]
@@ -111,7 +111,7 @@ async def run_gateway(settings: GatewaySettings, on_ready: OnReady | None = None
         return GatewayServices(settings=settings, sessions=sessions, store=store,
                                directory=WorkerDirectory(http), http=http)
 
-    server = uvicorn.Server(uvicorn.Config(create_app(build), host=settings.host, port=settings.port,
+    server = uvicorn.Server(uvicorn.Config(create_asgi(build), host=settings.host, port=settings.port,
                                            log_level="warning", access_log=False))
     try:
         await _serve(server, settings.host, on_ready, [])

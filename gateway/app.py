@@ -35,3 +35,9 @@ def create_app(build_services: Callable[[], Awaitable[GatewayServices]],
     app.include_router(functions.router)
     app.include_router(invoke.router)
     return app
+
+
+def create_asgi(build_services: Callable[[], Awaitable[GatewayServices]],
+                release: Callable[[GatewayServices], Awaitable[None]] | None = None) -> invoke.InvokeFastPath:
+    """The app to serve: the FastAPI app behind the invoke fast path."""
+    return invoke.InvokeFastPath(create_app(build_services, release))

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from dilu.config import GatewaySettings
 from dilu.db import repo
 from dilu.state.base import Channel, StateStore
+from gateway.forward import Forwarder
 from gateway.routing import RoutingTable
 from worker.client import WorkerDirectory
 
@@ -105,9 +106,11 @@ class GatewayServices:
         self.routing = RoutingTable(settings.queue_size)
         self.functions = FunctionCache(sessions, self.routing)
         self.activity = ActivityRecorder(self.routing)
+        self.forwarder = Forwarder()
         self._tasks: list[asyncio.Task] = []
 
     async def start(self) -> None:
+        await self.forwarder.start()
         await self.functions.refresh()
         self.routing.replace_all(await self.store.get_routes())
         self._tasks = [
@@ -125,6 +128,7 @@ class GatewayServices:
             await self.flush_activity()
         except Exception:
             log.exception("final activity flush failed")
+        await self.forwarder.close()
 
     async def _follow(self, channel: Channel, handle) -> None:  # noqa: ANN001
         subscription = await self.store.subscribe(channel)

@@ -34,6 +34,17 @@ def _fail(message: str) -> None:
     raise typer.Exit(1)
 
 
+def _run(coroutine) -> None:  # noqa: ANN001
+    """Runs a role on uvloop when it is installed (it comes with uvicorn[standard])."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(coroutine)
+        return
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(coroutine)
+
+
 def _setup_logging(verbose: bool) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -59,7 +70,7 @@ def up(
         if demo:
             await asyncio.to_thread(_deploy_examples, url)
 
-    asyncio.run(run_all_in_one(settings, ready))
+    _run(run_all_in_one(settings, ready))
 
 
 def _deploy_examples(url: str) -> None:
@@ -91,7 +102,7 @@ def gateway(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -
     async def ready(url: str) -> None:
         out.print(f"Dilu gateway at {url}", highlight=False)
 
-    asyncio.run(run_gateway(settings, ready))
+    _run(run_gateway(settings, ready))
 
 
 @app.command()
@@ -101,7 +112,7 @@ def controller(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False
 
     _setup_logging(verbose)
     try:
-        asyncio.run(run_controller(ControllerSettings()))
+        _run(run_controller(ControllerSettings()))
     except KeyboardInterrupt:
         pass
 
@@ -116,7 +127,7 @@ def worker(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) ->
     async def ready(url: str) -> None:
         out.print(f"Dilu worker at {url}", highlight=False)
 
-    asyncio.run(run_worker(WorkerSettings(), ready))
+    _run(run_worker(WorkerSettings(), ready))
 
 
 @app.command()

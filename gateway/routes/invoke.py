@@ -1,33 +1,53 @@
-"""Invocation: pick the least-loaded ready instance, or wait in the bounded cold-start queue."""
+"""Invocation: pick the least-loaded ready instance, or wait in the bounded cold-start queue.
+
+The same ``handle_invoke`` serves the documented FastAPI route and ``InvokeFastPath``, a plain
+ASGI wrapper that takes invoke requests before the framework's middleware, routing and
+dependency machinery (which cost more CPU per request than the forwarding itself).
+"""
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
 
-import httpx
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from gateway.errors import error_response
+from gateway.forward import InstanceFailed, InstanceTimeout, NotDelivered
 from gateway.metrics import LATENCY, REQUESTS
 from gateway.routing import NoInstance, QueueFull
 from gateway.services import GatewayServices
 
 router = APIRouter(prefix="/v1/functions", tags=["invoke"])
-PASSED_HEADERS = ("x-dilu-batch-size", "x-dilu-latency-ms", "x-dilu-instance")
+PREFIX, SUFFIX = "/v1/functions/", "/invoke"
+BodyChunks = Callable[[], Awaitable[tuple[bytes, bool]]]  # -> (chunk, more_body)
+
+
+@dataclass
+class Outcome:
+    status: int
+    body: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+    content_type: str = "application/json"
 
 
 class _TooLarge(Exception):
     pass
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> Outcome:
+    return Outcome(status, json.dumps({"error": message}).encode(), headers or {})
+
+
+async def _read_body(next_chunk: BodyChunks, declared: str | None, limit: int) -> bytes:
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise _TooLarge
-    chunks, size = [], 0
-    async for chunk in request.stream():
+    chunks, size, more = [], 0, True
+    while more:
+        chunk, more = await next_chunk()
         size += len(chunk)
         if size > limit:
             raise _TooLarge
@@ -35,37 +55,52 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-@router.post("/{name}/invoke", responses={
-    400: {"description": "Body is not JSON"}, 404: {"description": "Unknown function"},
-    413: {"description": "Body too large"}, 429: {"description": "Cold-start queue full"},
-    502: {"description": "The instance failed"}, 503: {"description": "The function cannot start"},
-    504: {"description": "No instance in time"}})
-async def invoke(name: str, request: Request) -> Response:
-    """Runs the function on one JSON input and returns its JSON result."""
-    services: GatewayServices = request.app.state.services
+class _MetricsCache:
+    """prometheus-client children per function, so the hot path skips the label lookup."""
+
+    def __init__(self) -> None:
+        self._latency: dict[str, Any] = {}
+        self._requests: dict[tuple[str, int], Any] = {}
+
+    def observe(self, name: str, status: int, seconds: float) -> None:
+        counter = self._requests.get((name, status))
+        if counter is None:
+            counter = self._requests[(name, status)] = REQUESTS.labels(name, str(status))
+        histogram = self._latency.get(name)
+        if histogram is None:
+            histogram = self._latency[name] = LATENCY.labels(name)
+        counter.inc()
+        histogram.observe(seconds)
+
+
+_METRICS = _MetricsCache()
+
+
+async def handle_invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
+                        content_length: str | None) -> Outcome:
     started = time.perf_counter()
-    response = await _invoke(services, name, request)
-    REQUESTS.labels(name, str(response.status_code)).inc()
-    LATENCY.labels(name).observe(time.perf_counter() - started)
-    return response
+    outcome = await _invoke(services, name, next_chunk, content_length)
+    _METRICS.observe(name, outcome.status, time.perf_counter() - started)
+    return outcome
 
 
-async def _invoke(services: GatewayServices, name: str, request: Request) -> Response:
+async def _invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
+                  content_length: str | None) -> Outcome:
     settings = services.settings
     function = services.functions.get(name)
     if function is None:
         await services.functions.refresh(name)
         function = services.functions.get(name)
         if function is None:
-            return error_response(404, f"function {name!r} not found")
+            return _error(404, f"function {name!r} not found")
     try:
-        body = await _read_body(request, settings.max_request_bytes)
+        body = await _read_body(next_chunk, content_length, settings.max_request_bytes)
     except _TooLarge:
-        return error_response(413, f"request body exceeds the limit of {settings.max_request_bytes} bytes")
+        return _error(413, f"request body exceeds the limit of {settings.max_request_bytes} bytes")
     try:
         json.loads(body)
     except ValueError as exc:
-        return error_response(400, f"request body is not valid JSON: {exc}")
+        return _error(400, f"request body is not valid JSON: {exc}")
 
     services.activity.started(name)
     routing = services.routing
@@ -76,41 +111,91 @@ async def _invoke(services: GatewayServices, name: str, request: Request) -> Res
             endpoint = await routing.wait_for_endpoint(
                 name, settings.queue_timeout_s, exclude=tried, on_queued=lambda: services.demand(name))
         except QueueFull as exc:
-            return error_response(429, str(exc), headers={"Retry-After": "1"})
+            return _error(429, str(exc), headers={"retry-after": "1"})
         except NoInstance as exc:
-            status = 503 if services.functions.get(name) is None or _failed(services, name) else 504
-            return error_response(status, str(exc))
+            entry = services.functions.get(name)
+            return _error(503 if entry is None or entry.status == "failed" else 504, str(exc))
         routing.acquire(name, endpoint.instance_id)
         try:
-            reply = await services.http.post(endpoint.url + "/infer", content=body,
-                                             headers={"content-type": "application/json"},
-                                             timeout=settings.request_timeout_s)
-        except httpx.ConnectError:
+            reply = await services.forwarder.post(endpoint.url + "/infer", body, settings.request_timeout_s)
+        except NotDelivered:
             # Nothing reached the instance, so trying elsewhere is always safe.
             routing.drop_endpoint(name, endpoint.instance_id)
             tried = tried | {endpoint.instance_id}
             continue
-        except httpx.TimeoutException:
-            return error_response(504, f"instance {endpoint.instance_id} did not answer within "
-                                       f"{settings.request_timeout_s:g}s")
-        except httpx.HTTPError as exc:
+        except InstanceTimeout:
+            return _error(504, f"instance {endpoint.instance_id} did not answer within "
+                               f"{settings.request_timeout_s:g}s")
+        except InstanceFailed as exc:
             routing.drop_endpoint(name, endpoint.instance_id)
             if function.spec.get("idempotent") and not retried:
                 retried, tried = True, tried | {endpoint.instance_id}
                 continue
-            return error_response(502, f"instance {endpoint.instance_id} failed while serving the request: "
-                                       f"{type(exc).__name__}")
+            return _error(502, f"instance {endpoint.instance_id} failed while serving the request: {exc}")
         finally:
             routing.release(name, endpoint.instance_id)
-        headers = {key: reply.headers[key] for key in PASSED_HEADERS if key in reply.headers}
-        if reply.status_code == 503 and b"still loading" in reply.content:
+        if reply.status == 503 and b"still loading" in reply.body:
             tried = tried | {endpoint.instance_id}
             continue
-        return Response(reply.content, status_code=reply.status_code, headers=headers,
-                        media_type=reply.headers.get("content-type", "application/json"))
+        return Outcome(reply.status, reply.body, reply.headers, reply.content_type)
 
 
-def _failed(services: GatewayServices, name: str) -> bool:
-    entry = services.functions.get(name)
-    return entry is not None and entry.status == "failed"
+@router.post("/{name}/invoke", responses={
+    400: {"description": "Body is not JSON"}, 404: {"description": "Unknown function"},
+    413: {"description": "Body too large"}, 429: {"description": "Cold-start queue full"},
+    502: {"description": "The instance failed"}, 503: {"description": "The function cannot start"},
+    504: {"description": "No instance in time"}})
+async def invoke(name: str, request: Request) -> Response:
+    """Runs the function on one JSON input and returns its JSON result.
 
+    (Served by InvokeFastPath in the running gateway; this route documents it and backs it up.)
+    """
+    stream = request.stream().__aiter__()
+
+    async def next_chunk() -> tuple[bytes, bool]:
+        try:
+            return await stream.__anext__(), True
+        except StopAsyncIteration:
+            return b"", False
+
+    outcome = await handle_invoke(request.app.state.services, name, next_chunk,
+                                  request.headers.get("content-length"))
+    return Response(outcome.body, status_code=outcome.status, headers=outcome.headers,
+                    media_type=outcome.content_type)
+
+
+class InvokeFastPath:
+    """ASGI wrapper: ``POST /v1/functions/{name}/invoke`` straight to ``handle_invoke``."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            path: str = scope["path"]
+            if path.startswith(PREFIX) and path.endswith(SUFFIX):
+                name = path[len(PREFIX):-len(SUFFIX)]
+                if name and "/" not in name:
+                    await self._serve(name, scope, receive, send)
+                    return
+        await self.app(scope, receive, send)
+
+    async def _serve(self, name: str, scope: dict, receive: Callable, send: Callable) -> None:
+        content_length = None
+        for key, value in scope["headers"]:
+            if key == b"content-length":
+                content_length = value.decode("latin-1")
+                break
+
+        async def next_chunk() -> tuple[bytes, bool]:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return b"", False
+            return message.get("body", b""), message.get("more_body", False)
+
+        outcome = await handle_invoke(self.app.state.services, name, next_chunk, content_length)
+        headers = [(b"content-type", outcome.content_type.encode("latin-1")),
+                   (b"content-length", str(len(outcome.body)).encode())]
+        headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in outcome.headers.items()]
+        await send({"type": "http.response.start", "status": outcome.status, "headers": headers})
+        await send({"type": "http.response.body", "body": outcome.body})
