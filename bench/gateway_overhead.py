@@ -52,7 +52,7 @@ def main() -> None:
         "name: noop\nhandler: handler:Echo\nresources:\n  memory: 128Mi\n  gpu: false\n"
         "scaling:\n  min_instances: 1\n  max_instances: 1\n  keep_alive_s: 3600\n"
         "batching:\n  max_batch_size: 1\n")
-    platform = Platform(workdir / "home", env={"DILU_LOG_LEVEL": "warning"})
+    platform = Platform(workdir / "home")
     try:
         assert platform.deploy_file(source / "model.yaml").status_code == 201
         platform.wait_ready("noop")

@@ -80,6 +80,7 @@ class WorkerSettings(CommonSettings):
     startup_timeout_s: float = Field(300.0, gt=0, description="Instance load must finish within this")
     python: str | None = Field(None, description="Interpreter for instances; this one when unset")
     gpus: str | None = Field(None, description="'none' forces a CPU worker; otherwise all GPUs found")
+    worker_name: str | None = Field(None, description="Prefix of this host's worker ids; the hostname when unset")
 
     @field_validator("runtime")
     @classmethod

@@ -44,6 +44,6 @@ def create_http_client() -> httpx.AsyncClient:
                              timeout=httpx.Timeout(30.0, connect=5.0))
 
 
-def worker_id(device: DeviceInfo) -> str:
-    host = socket.gethostname()
+def worker_id(device: DeviceInfo, name: str | None = None) -> str:
+    host = name or socket.gethostname()
     return f"{host}-gpu{device.index}" if device.kind == "gpu" else f"{host}-cpu"

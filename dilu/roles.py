@@ -57,7 +57,7 @@ def _make_agents(settings: WorkerSettings, store, url_for=None) -> list[WorkerAg
     backend = create_backend(settings)
     agents = []
     for position, device in enumerate(discover_devices(settings.gpus)):
-        info = WorkerInfo(id=worker_id(device), host=socket.gethostname(),
+        info = WorkerInfo(id=worker_id(device, settings.worker_name), host=socket.gethostname(),
                           url=url_for(position) if url_for else None, device=device)
         agents.append(WorkerAgent(
             info=info, backend=backend, store=store, logs_dir=settings.logs_dir,

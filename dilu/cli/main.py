@@ -48,6 +48,8 @@ def _run(coroutine) -> None:  # noqa: ANN001
 def _setup_logging(verbose: bool) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # One line per HTTP call between roles is noise unless asked for.
+    logging.getLogger("httpx").setLevel(logging.DEBUG if verbose else logging.WARNING)
 
 
 # ---------------------------------------------------------------- running the platform

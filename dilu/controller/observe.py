@@ -8,7 +8,8 @@ from typing import Any
 
 from dilu.messages import FAILED, READY, STARTING, STOPPED, STOPPING, InstanceStatus
 
-UNKNOWN_GRACE_S = 15.0
+# Rows are created before their start call returns; a short grace covers a start still in flight.
+UNKNOWN_GRACE_S = 3.0
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,8 @@ def test_roles_in_separate_processes(tmp_path: Path, postgres_url: str, redis_pr
     roles = []
     try:
         worker_port = _free_port()
-        roles.append(start_role(["worker"], {**env, "DILU_PORT": str(worker_port)}, tmp_path / "worker.log"))
+        roles.append(start_role(["worker"], {**env, "DILU_PORT": str(worker_port), "DILU_WORKER_NAME": "first"},
+                                tmp_path / "worker.log"))
         roles.append(start_role(["controller"], env, tmp_path / "controller.log", wait_for_url=False))
         gateway = start_role(["gateway"], {**env, "DILU_PORT": "0"}, tmp_path / "gateway.log")
         roles.append(gateway)
@@ -46,17 +47,29 @@ def test_roles_in_separate_processes(tmp_path: Path, postgres_url: str, redis_pr
             assert reply.status_code == 200 and reply.json()["input"] == {"across": "processes"}
             status = http.get("/v1/status").json()
             assert status["state_store"] == "redis" and status["database"].startswith("postgresql")
-            assert status["workers"][0]["url"] == f"http://127.0.0.1:{worker_port}"
+            assert [(w["id"], w["url"]) for w in status["workers"]] == [("first-cpu", f"http://127.0.0.1:{worker_port}")]
             logs = http.get("/v1/functions/ok/logs").json()
             assert "ready" in logs["instances"][0]["log"]
 
-            # The worker dies: the controller marks it lost and its instance with it.
+            # A second worker joins; then the first dies. Its instance is marked lost and replaced
+            # on the second worker, and requests keep working.
+            second_port = _free_port()
+            roles.append(start_role(["worker"], {**env, "DILU_PORT": str(second_port), "DILU_WORKER_NAME": "second"},
+                                    tmp_path / "worker2.log"))
+            eventually(lambda: len(http.get("/v1/status").json()["workers"]) == 2, timeout=60,
+                       what="the second worker to register")
             roles[0].process.kill()
             roles[0].process.wait()
-            eventually(lambda: http.get("/v1/status").json()["workers"][0]["state"] == "lost", timeout=60,
-                       what="the worker to be marked lost")
+
+            def worker_states() -> dict[str, str]:
+                return {w["id"]: w["state"] for w in http.get("/v1/status").json()["workers"]}
+
+            eventually(lambda: worker_states() == {"first-cpu": "lost", "second-cpu": "alive"}, timeout=60,
+                       what="the first worker to be marked lost")
+            reply = http.post("/v1/functions/ok/invoke", json={"after": "failover"})
+            assert reply.status_code == 200 and reply.json()["input"] == {"after": "failover"}
             instances = http.get("/v1/functions/ok/instances", params={"all": True}).json()
-            assert [i["state"] for i in instances] == ["lost"]
+            assert {(i["worker_id"], i["state"]) for i in instances} == {("first-cpu", "lost"), ("second-cpu", "ready")}
     finally:
         for role in roles:
             role.stop()
