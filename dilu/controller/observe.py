@@ -19,14 +19,15 @@ class RowView:
     created_at: datetime
 
 
-def fold(row: RowView, status: InstanceStatus | None, now: datetime) -> dict[str, Any] | None:
+def fold(row: RowView, status: InstanceStatus | None, now: datetime,
+         grace_s: float = UNKNOWN_GRACE_S) -> dict[str, Any] | None:
     """Column updates that bring ``row`` in line with the worker's ``status``; None if none.
 
     A row the worker does not know (after the grace for a start in flight) has failed: the worker
-    restarted or dropped it.
+    restarted or dropped it. Rows from before this controller started get no grace.
     """
     if status is None:
-        if (now - row.created_at).total_seconds() > UNKNOWN_GRACE_S:
+        if grace_s <= 0 or (now - row.created_at).total_seconds() > grace_s:
             return {"state": FAILED, "error": "the worker no longer knows this instance", "ended_at": now}
         return None
     if status.state == row.state:

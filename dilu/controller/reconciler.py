@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from dilu.controller.observe import RowView, fold
+from dilu.controller.observe import UNKNOWN_GRACE_S, RowView, fold
 from dilu.db import repo
 from dilu.db.models import FunctionRow, InstanceRow, utcnow
 from dilu.messages import (ACTIVE_STATES, FAILED, READY, STARTING, STOPPING, Endpoint, FunctionActivity,
@@ -23,7 +23,7 @@ from dilu.messages import (ACTIVE_STATES, FAILED, READY, STARTING, STOPPING, End
 from dilu.policy.placement import PlacementRequest, Scheduler, WorkerView
 from dilu.policy.replicas import ReplicaContext, desired_instances
 from dilu.state.base import Channel, StateStore
-from worker.client import WorkerDirectory, WorkerUnavailable
+from worker.client import WorkerClient, WorkerDirectory, WorkerUnavailable
 
 log = logging.getLogger(__name__)
 MAX_START_FAILURES = 3
@@ -48,7 +48,10 @@ class Reconciler:
         self._start_failures: dict[tuple[str, int], int] = {}
         self._last_reason: dict[str, str] = {}
         self._background: set[asyncio.Task] = set()
+        self._pending_stops: list[tuple[WorkerClient, str]] = []
+        self._owners: dict[str, str] = {}  # instance id -> worker id, as last observed
         self._wake = asyncio.Event()
+        self._started_at = utcnow()
 
     # ---- database helpers (sync, run in a thread) ----
     def _db(self, fn, /, **kwargs):  # noqa: ANN001, ANN003
@@ -120,6 +123,11 @@ class Reconciler:
             except Exception:
                 log.exception("reconciling %s failed", function.name)
         await self._publish_routes(await asyncio.to_thread(self._read_snapshot))
+        # Stop only after the routes without these instances are out, so the gateway drains them
+        # instead of sending new requests to a server that is shutting down.
+        stops, self._pending_stops = self._pending_stops, []
+        for client, instance_id in stops:
+            self._spawn(client.stop_instance(instance_id))
         await self._call_db(repo.prune_instances, keep_ended=KEEP_ENDED_INSTANCES)
 
     def _read_snapshot(self) -> _Snapshot:
@@ -139,11 +147,13 @@ class Reconciler:
 
         observed: dict[str, InstanceStatus] = {}
         reachable: set[str] = set()
+        self._owners = {}
         for worker_id, statuses in await asyncio.gather(*(one(info) for info in live)):
             if statuses is None:
                 continue
             reachable.add(worker_id)
             observed.update({status.instance_id: status for status in statuses})
+            self._owners.update({status.instance_id: worker_id for status in statuses})
         return observed, reachable
 
     async def _fold_observations(self, snapshot: _Snapshot, observed: dict[str, InstanceStatus],
@@ -152,7 +162,8 @@ class Reconciler:
             if row.state not in ACTIVE_STATES | {STOPPING} or row.worker_id not in reachable:
                 continue
             status = observed.get(row.id)
-            updates = fold(RowView(row.id, row.state, row.created_at), status, now)
+            grace = UNKNOWN_GRACE_S if row.created_at >= self._started_at else 0.0
+            updates = fold(RowView(row.id, row.state, row.created_at), status, now, grace)
             if not updates:
                 continue
             await self._call_db(repo.update_instance, instance_id=row.id, **updates)
@@ -186,18 +197,13 @@ class Reconciler:
                             live: Sequence[WorkerInfo]) -> None:
         """Stops instances a worker runs that the database no longer wants (deleted functions)."""
         wanted = {row.id for row in snapshot.instances if row.state in ACTIVE_STATES}
-        worker_of = {}
-        for info in live:
-            client = self._directory.client_for(info.id, info.url)
-            if client is None:
-                continue
-            worker_of[info.id] = client
+        stopping = {row.id for row in snapshot.instances if row.state == STOPPING}
+        urls = {info.id: info.url for info in live}
         for instance_id, status in observed.items():
-            if status.state in (STARTING, READY) and instance_id not in wanted:
-                row = next((r for r in snapshot.instances if r.id == instance_id), None)
-                if row is not None and row.state == STOPPING:
-                    continue
-                for client in worker_of.values():
+            if status.state in (STARTING, READY) and instance_id not in wanted | stopping:
+                owner = self._owners[instance_id]
+                client = self._directory.client_for(owner, urls.get(owner))
+                if client is not None:
                     self._spawn(client.stop_instance(instance_id))
 
     async def _reconcile_function(self, function: FunctionRow, snapshot: _Snapshot,
@@ -295,7 +301,7 @@ class Reconciler:
             worker = next((w for w in repo.list_workers(session=session) if w.id == row.worker_id), None)
         client = self._directory.client_for(row.worker_id, worker.url if worker else None)
         if client is not None:
-            self._spawn(client.stop_instance(row.id))
+            self._pending_stops.append((client, row.id))
 
     def _spawn(self, coroutine) -> None:  # noqa: ANN001
         async def guarded() -> None:

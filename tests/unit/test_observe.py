@@ -29,3 +29,7 @@ def status(state: str, **kw: object) -> InstanceStatus:
 ])
 def test_fold(label: str, row: RowView, report: InstanceStatus | None, expected: dict | None) -> None:
     assert fold(row, report, NOW) == expected, label
+
+
+def test_rows_older_than_the_controller_get_no_grace() -> None:
+    assert fold(RowView("i", "ready", NOW), None, NOW, grace_s=0.0)["state"] == "failed"

@@ -1,0 +1,49 @@
+"""CLI commands that need no running platform, as real child processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from tests.conftest import FIXTURE_FUNCTIONS
+from tests.platform import dilu_executable
+
+
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([dilu_executable(), *args], capture_output=True, text=True, timeout=60, cwd=cwd,
+                          env={**os.environ, "COLUMNS": "200"})
+
+
+def test_spec_schema_is_json_schema_with_yaml_names() -> None:
+    result = run("spec", "schema")
+    assert result.returncode == 0
+    schema = json.loads(result.stdout)
+    assert schema["required"] == ["name", "handler"]
+    assert {"class", "slo", "resources", "scaling", "batching", "env"} <= set(schema["properties"])
+
+
+def test_spec_check(tmp_path: Path) -> None:
+    good = run("spec", "check", str(FIXTURE_FUNCTIONS / "ok" / "model.yaml"))
+    assert good.returncode == 0 and "ok" in good.stdout
+    bad = tmp_path / "model.yaml"
+    bad.write_text("name: x\nhandler: handler:Echo\nbatching:\n  max_batch_size: -1\n")
+    result = run("spec", "check", str(bad))
+    assert result.returncode == 1 and "batching.max_batch_size (line 4)" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_migrate_creates_the_schema(tmp_path: Path) -> None:
+    result = subprocess.run([dilu_executable(), "migrate"], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "DILU_HOME": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "dilu.db").exists()
+
+
+def test_no_gpu_means_one_cpu_device() -> None:
+    from worker.devices import discover_devices, discover_gpus
+
+    assert discover_gpus() == [] or all(d.kind == "gpu" and d.uuid for d in discover_gpus())
+    forced = discover_devices("none")
+    assert [d.kind for d in forced] == ["cpu"] and forced[0].memory_bytes > 0

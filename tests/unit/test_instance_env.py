@@ -1,0 +1,23 @@
+"""What an instance process is given: its GPU by UUID (or none), its spec env, its identity."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dilu.messages import DeviceInfo
+from tests.builders import make_start
+from worker.runtimes.process import ProcessBackend
+
+GPU = DeviceInfo(kind="gpu", uuid="GPU-1234", name="H200", memory_bytes=2**37, index=3)
+CPU = DeviceInfo(kind="cpu", uuid=None, name="cpu", memory_bytes=2**34)
+
+
+@pytest.mark.parametrize(("device", "visible", "kind"), [(GPU, "GPU-1234", "cuda"), (CPU, "", "cpu")])
+def test_instance_env(tmp_path: Path, device: DeviceInfo, visible: str, kind: str) -> None:
+    backend = ProcessBackend(state_dir=tmp_path, base_env={"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0,1"})
+    env = backend.instance_env(make_start("i-1", "/src", env={"GREETING": "hi"}), device, tmp_path / "c.json", 7)
+    assert env["CUDA_VISIBLE_DEVICES"] == visible  # never the worker's own list
+    assert env["DILU_DEVICE"] == kind and env["DILU_LISTEN_FD"] == "7" and env["DILU_INSTANCE_ID"] == "i-1"
+    assert env["GREETING"] == "hi" and env["PATH"] == "/bin"
