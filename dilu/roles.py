@@ -27,22 +27,34 @@ log = logging.getLogger(__name__)
 OnReady = Callable[[str], Awaitable[None]]
 
 
-def _bound_url(server: uvicorn.Server, host: str) -> str:
-    port = server.servers[0].sockets[0].getsockname()[1]
-    return f"http://{host}:{port}"
+class StartupError(Exception):
+    """A role cannot start (for example, its port is taken); the message is for the user."""
 
 
-async def _serve(server: uvicorn.Server, host: str, on_ready: OnReady | None,
+def listen(host: str, port: int) -> socket.socket:
+    """Binds the listening socket up front, so a taken port is a clear error, not a traceback."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        family = infos[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
+async def _serve(server: uvicorn.Server, sock: socket.socket, host: str, on_ready: OnReady | None,
                  background: list[asyncio.Task]) -> None:
     """Runs uvicorn until it exits (Ctrl-C or SIGTERM), with ``background`` tasks beside it."""
-    serving = asyncio.create_task(server.serve())
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:
         if serving.done():
             await serving  # re-raises a bind error
             return
         await asyncio.sleep(0.05)
     if on_ready is not None:
-        await on_ready(_bound_url(server, host))
+        await on_ready(f"http://{host}:{sock.getsockname()[1]}")
     try:
         await serving
     finally:
@@ -69,6 +81,7 @@ def _make_agents(settings: WorkerSettings, store, url_for=None) -> list[WorkerAg
 
 async def run_all_in_one(settings: AllInOneSettings, on_ready: OnReady | None = None) -> None:
     """`dilu up`: gateway, controller and one worker per device in this process."""
+    sock = listen(settings.host, settings.port)
     settings.home.mkdir(parents=True, exist_ok=True)
     url = settings.effective_database_url
     await asyncio.to_thread(migrate, url)
@@ -87,12 +100,12 @@ async def run_all_in_one(settings: AllInOneSettings, on_ready: OnReady | None = 
         return GatewayServices(settings=settings, sessions=sessions, store=store, directory=directory, http=http)
 
     app = create_asgi(build)
-    server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
-                                           access_log=False, timeout_graceful_shutdown=10))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
+                                           timeout_graceful_shutdown=10))
     background = [asyncio.create_task(agent.run()) for agent in agents]
     background.append(asyncio.create_task(reconciler.run()))
     try:
-        await _serve(server, settings.host, on_ready, background)
+        await _serve(server, sock, settings.host, on_ready, background)
     finally:
         await reconciler.shutdown()
         await asyncio.gather(*(agent.shutdown() for agent in agents), return_exceptions=True)
@@ -102,6 +115,7 @@ async def run_all_in_one(settings: AllInOneSettings, on_ready: OnReady | None = 
 
 
 async def run_gateway(settings: GatewaySettings, on_ready: OnReady | None = None) -> None:
+    sock = listen(settings.host, settings.port)
     engine = make_engine(settings.effective_database_url)
     sessions = make_session_factory(engine)
     store = create_store(settings)
@@ -111,10 +125,9 @@ async def run_gateway(settings: GatewaySettings, on_ready: OnReady | None = None
         return GatewayServices(settings=settings, sessions=sessions, store=store,
                                directory=WorkerDirectory(http), http=http)
 
-    server = uvicorn.Server(uvicorn.Config(create_asgi(build), host=settings.host, port=settings.port,
-                                           log_level="warning", access_log=False))
+    server = uvicorn.Server(uvicorn.Config(create_asgi(build), log_level="warning", access_log=False))
     try:
-        await _serve(server, settings.host, on_ready, [])
+        await _serve(server, sock, settings.host, on_ready, [])
     finally:
         await http.aclose()
         await store.close()
@@ -138,15 +151,16 @@ async def run_controller(settings: ControllerSettings) -> None:
 
 async def run_worker(settings: WorkerSettings, on_ready: OnReady | None = None) -> None:
     """One agent per device, each with its HTTP API on ``port``, ``port + 1``, ..."""
+    devices = len(discover_devices(settings.gpus))
+    socks = [listen(settings.host, settings.port + i) for i in range(devices)]
     store = create_store(settings)
     agents = _make_agents(settings, store, url_for=lambda i: f"http://{settings.host}:{settings.port + i}")
-    servers = [uvicorn.Server(uvicorn.Config(create_worker_api(agent), host=settings.host,
-                                             port=settings.port + i, log_level="warning", access_log=False))
-               for i, agent in enumerate(agents)]
+    servers = [uvicorn.Server(uvicorn.Config(create_worker_api(agent), log_level="warning", access_log=False))
+               for agent in agents]
     background = [asyncio.create_task(agent.run()) for agent in agents]
-    background += [asyncio.create_task(server.serve()) for server in servers[1:]]
+    background += [asyncio.create_task(server.serve(sockets=[sock])) for server, sock in zip(servers[1:], socks[1:])]
     try:
-        await _serve(servers[0], settings.host, on_ready, background)
+        await _serve(servers[0], socks[0], settings.host, on_ready, background)
     finally:
         await asyncio.gather(*(agent.shutdown() for agent in agents), return_exceptions=True)
         await store.close()

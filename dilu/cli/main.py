@@ -36,13 +36,20 @@ def _fail(message: str) -> None:
 
 def _run(coroutine) -> None:  # noqa: ANN001
     """Runs a role on uvloop when it is installed (it comes with uvicorn[standard])."""
+    from dilu.roles import StartupError
+
     try:
         import uvloop
+
+        loop_factory = uvloop.new_event_loop
     except ImportError:
-        asyncio.run(coroutine)
-        return
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(coroutine)
+        loop_factory = None
+    try:
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            runner.run(coroutine)
+    except StartupError as exc:
+        coroutine.close()
+        _fail(str(exc))
 
 
 def _setup_logging(verbose: bool) -> None:

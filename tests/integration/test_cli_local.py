@@ -47,3 +47,17 @@ def test_no_gpu_means_one_cpu_device() -> None:
     assert discover_gpus() == [] or all(d.kind == "gpu" and d.uuid for d in discover_gpus())
     forced = discover_devices("none")
     assert [d.kind for d in forced] == ["cpu"] and forced[0].memory_bytes > 0
+
+
+def test_a_taken_port_is_a_clear_error(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = str(taken.getsockname()[1])
+        for role in (["up", "--port", port], ["gateway"], ["worker"]):
+            result = subprocess.run([dilu_executable(), *role], capture_output=True, text=True, timeout=120,
+                                    env={**os.environ, "DILU_HOME": str(tmp_path), "DILU_PORT": port})
+            assert result.returncode == 1, (role, result.stderr)
+            assert f"cannot listen on 127.0.0.1:{port}" in result.stderr and "Traceback" not in result.stderr
