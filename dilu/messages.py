@@ -10,6 +10,17 @@ STARTING, READY, STOPPING, STOPPED, FAILED, LOST = "starting", "ready", "stoppin
 ACTIVE_STATES = frozenset({STARTING, READY})
 
 
+class _Wire:
+    """JSON-ready conversion for flat message dataclasses."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]):  # noqa: ANN206
+        return cls(**data)
+
+
 @dataclass(frozen=True)
 class DeviceInfo:
     """The device a worker owns: one GPU, or the host CPU."""
@@ -39,7 +50,7 @@ class WorkerInfo:
 
 
 @dataclass(frozen=True)
-class StartInstance:
+class StartInstance(_Wire):
     """The controller's order to start one instance of a function on a worker."""
 
     instance_id: str
@@ -51,16 +62,9 @@ class StartInstance:
     sm_request: float | None = None
     sm_limit: float | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "StartInstance":
-        return cls(**data)
-
 
 @dataclass(frozen=True)
-class InstanceStatus:
+class InstanceStatus(_Wire):
     """An instance as its worker sees it now."""
 
     instance_id: str
@@ -73,23 +77,13 @@ class InstanceStatus:
     exit_code: int | None = None
     was_ready: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "InstanceStatus":
-        return cls(**data)
-
 
 @dataclass(frozen=True)
-class Endpoint:
+class Endpoint(_Wire):
     """A ready instance the gateway may route to."""
 
     instance_id: str
     url: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)

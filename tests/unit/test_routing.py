@@ -35,15 +35,21 @@ async def test_acquire_release_spreads_load() -> None:
     assert table.in_flight("f") == 0
 
 
-async def test_waiter_gets_the_endpoint_that_appears() -> None:
-    table = RoutingTable(queue_size=4)
+async def queued_waiter(table: RoutingTable, function: str = "f") -> asyncio.Task:
+    """A request waiting in ``function``'s queue (returns once it is queued)."""
     queued = asyncio.Event()
 
     async def on_queued() -> None:
         queued.set()
 
-    waiter = asyncio.create_task(table.wait_for_endpoint("f", 30, on_queued=on_queued))
+    waiter = asyncio.create_task(table.wait_for_endpoint(function, 30, on_queued=on_queued))
     await queued.wait()
+    return waiter
+
+
+async def test_waiter_gets_the_endpoint_that_appears() -> None:
+    table = RoutingTable(queue_size=4)
+    waiter = await queued_waiter(table)
     assert table.queued("f") == 1
     table.set_endpoints("f", [A])
     assert await waiter == A
@@ -52,13 +58,7 @@ async def test_waiter_gets_the_endpoint_that_appears() -> None:
 
 async def test_queue_overflow_is_refused() -> None:
     table = RoutingTable(queue_size=1)
-    queued = asyncio.Event()
-
-    async def on_queued() -> None:
-        queued.set()
-
-    waiter = asyncio.create_task(table.wait_for_endpoint("f", 30, on_queued=on_queued))
-    await queued.wait()
+    waiter = await queued_waiter(table)
     with pytest.raises(QueueFull):
         await table.wait_for_endpoint("f", 30)
     table.set_failure("f", "boom")
@@ -75,13 +75,7 @@ async def test_deadline_gives_up() -> None:
 
 async def test_deleted_function_releases_waiters() -> None:
     table = RoutingTable(queue_size=2)
-    queued = asyncio.Event()
-
-    async def on_queued() -> None:
-        queued.set()
-
-    waiter = asyncio.create_task(table.wait_for_endpoint("f", 30, on_queued=on_queued))
-    await queued.wait()
+    waiter = await queued_waiter(table)
     table.forget("f")
     with pytest.raises(NoInstance, match="deleted"):
         await waiter
