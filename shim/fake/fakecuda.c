@@ -1,0 +1,539 @@
+/*
+ * A fake libcuda.so.1 for machines without a GPU.
+ *
+ * It exports the driver entry points Dilu's shim and tests use (including cuGetProcAddress and
+ * cuGetProcAddress_v2 with the real version and per-thread-stream semantics) and models a
+ * device clock: a kernel occupies the device for (blocks x DILU_FAKE_NS_PER_BLOCK) ns, kernels
+ * run one after another in launch order (streams serialise), synchronisation sleeps until the
+ * work is done, and a process may queue at most DILU_FAKE_QUEUE_NS of work ahead (a real GPU's
+ * launch queue is bounded too). Processes share one device when DILU_FAKE_CLOCK names the same
+ * file, so tests can measure the device time each process actually gets.
+ *
+ * Like some real drivers, it resolves its own entry points with dlsym internally, which is
+ * what trips naive dlsym interposers.
+ */
+#define _GNU_SOURCE
+#define __CUDA_API_VERSION_INTERNAL 1
+#include <cuda.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#define API __attribute__((visibility("default")))
+#define MAX_STREAMS 128
+
+struct device_clock {
+    int64_t busy_until_ns;
+    int64_t busy_total_ns;
+};
+
+struct fake_graph {
+    int64_t blocks;
+};
+
+static struct {
+    int initialised;
+    int devices;
+    int64_t ns_per_block;
+    int64_t queue_ns;
+    int64_t memory_total;
+    struct device_clock *clock;
+    struct device_clock local_clock;
+} fake;
+
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static int64_t memory_used;
+static uint64_t next_address = 0x700000000000ull;
+
+/* Per-process counters, readable with ctypes. */
+API volatile int64_t dilu_fake_launch_count;
+API volatile int64_t dilu_fake_device_ns;
+
+static struct {
+    CUstream stream;
+    int64_t tail_ns;
+    int capturing;
+    int64_t captured_blocks;
+} streams[MAX_STREAMS];
+static int64_t process_tail_ns;
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static void sleep_until(int64_t deadline) {
+    struct timespec ts = {.tv_sec = deadline / 1000000000LL, .tv_nsec = deadline % 1000000000LL};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+    }
+}
+
+static int64_t env_int(const char *name, int64_t fallback) {
+    const char *value = getenv(name);
+    return value != NULL && *value ? strtoll(value, NULL, 10) : fallback;
+}
+
+static void init_once(void) {
+    fake.devices = (int)env_int("DILU_FAKE_DEVICES", 1);
+    fake.ns_per_block = env_int("DILU_FAKE_NS_PER_BLOCK", 1000);
+    fake.queue_ns = env_int("DILU_FAKE_QUEUE_NS", 20000000);
+    fake.memory_total = env_int("DILU_FAKE_MEMORY", 16LL << 30);
+    fake.clock = &fake.local_clock;
+    const char *path = getenv("DILU_FAKE_CLOCK");
+    if (path != NULL && *path) {
+        int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+        if (fd >= 0 && ftruncate(fd, sizeof(struct device_clock)) == 0) {
+            void *shared = mmap(NULL, sizeof(struct device_clock), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            if (shared != MAP_FAILED) {
+                fake.clock = shared;
+            }
+        }
+        if (fd >= 0) {
+            close(fd);
+        }
+    }
+}
+
+static void ensure_init(void) {
+    pthread_once(&once, init_once);
+}
+
+static int stream_index(CUstream stream, int create) {
+    for (int i = 0; i < MAX_STREAMS; i++) {
+        if (streams[i].stream == stream && (i == 0 || stream != NULL)) {
+            return i;
+        }
+    }
+    if (!create) {
+        return stream == NULL ? 0 : -1;
+    }
+    for (int i = 1; i < MAX_STREAMS; i++) {
+        if (streams[i].stream == NULL) {
+            streams[i].stream = stream;
+            return i;
+        }
+    }
+    return 0;
+}
+
+/* Puts `blocks` of work on the device behind everything already queued. */
+static CUresult run_kernel(CUstream stream, int64_t blocks) {
+    ensure_init();
+    __atomic_fetch_add(&dilu_fake_launch_count, 1, __ATOMIC_RELAXED);
+    pthread_mutex_lock(&lock);
+    int index = stream_index(stream, 1);
+    if (streams[index].capturing) {
+        streams[index].captured_blocks += blocks;
+        pthread_mutex_unlock(&lock);
+        return CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&lock);
+    int64_t duration = blocks * fake.ns_per_block;
+    if (duration <= 0) {
+        return CUDA_SUCCESS;
+    }
+    int64_t now = now_ns();
+    int64_t busy, end;
+    do {
+        busy = __atomic_load_n(&fake.clock->busy_until_ns, __ATOMIC_ACQUIRE);
+        end = (busy > now ? busy : now) + duration;
+    } while (!__atomic_compare_exchange_n(&fake.clock->busy_until_ns, &busy, end, 0, __ATOMIC_ACQ_REL,
+                                          __ATOMIC_ACQUIRE));
+    __atomic_fetch_add(&fake.clock->busy_total_ns, duration, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&dilu_fake_device_ns, duration, __ATOMIC_RELAXED);
+    pthread_mutex_lock(&lock);
+    streams[index].tail_ns = end;
+    if (end > process_tail_ns) {
+        process_tail_ns = end;
+    }
+    pthread_mutex_unlock(&lock);
+    if (end - now > fake.queue_ns) {
+        sleep_until(end - fake.queue_ns); /* the launch queue is full: wait for room */
+    }
+    return CUDA_SUCCESS;
+}
+
+static CUresult check_device(CUdevice device) {
+    ensure_init();
+    return device >= 0 && device < fake.devices ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
+/* ---- initialisation, devices, contexts ---- */
+API CUresult cuInit(unsigned int flags) {
+    (void)flags;
+    ensure_init();
+    fake.initialised = 1;
+    return CUDA_SUCCESS;
+}
+API CUresult cuDriverGetVersion(int *version) {
+    if (version == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *version = 13000;
+    return CUDA_SUCCESS;
+}
+API CUresult cuDeviceGetCount(int *count) {
+    ensure_init();
+    if (count == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *count = fake.devices;
+    return CUDA_SUCCESS;
+}
+API CUresult cuDeviceGet(CUdevice *device, int ordinal) {
+    if (device == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *device = ordinal;
+    return check_device(ordinal);
+}
+API CUresult cuDeviceGetName(char *name, int length, CUdevice device) {
+    if (name == NULL || length <= 0) return CUDA_ERROR_INVALID_VALUE;
+    snprintf(name, (size_t)length, "Dilu fake GPU %d", device);
+    return check_device(device);
+}
+API CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice device) {
+    if (uuid == NULL) return CUDA_ERROR_INVALID_VALUE;
+    memset(uuid->bytes, 0, sizeof(uuid->bytes));
+    uuid->bytes[15] = (char)device;
+    return check_device(device);
+}
+API CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice device) {
+    if (bytes == NULL) return CUDA_ERROR_INVALID_VALUE;
+    ensure_init();
+    *bytes = (size_t)fake.memory_total;
+    return check_device(device);
+}
+API CUresult cuDevicePrimaryCtxRetain(CUcontext *context, CUdevice device) {
+    if (context == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *context = (CUcontext)(uintptr_t)(0x1000 + device);
+    return check_device(device);
+}
+API CUresult cuCtxSetCurrent(CUcontext context) {
+    (void)context;
+    return CUDA_SUCCESS;
+}
+API CUresult cuCtxGetCurrent(CUcontext *context) {
+    if (context == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *context = (CUcontext)(uintptr_t)0x1000;
+    return CUDA_SUCCESS;
+}
+API CUresult cuCtxGetDevice(CUdevice *device) {
+    if (device == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *device = 0;
+    return CUDA_SUCCESS;
+}
+API CUresult cuCtxSynchronize(void) {
+    pthread_mutex_lock(&lock);
+    int64_t tail = process_tail_ns;
+    pthread_mutex_unlock(&lock);
+    sleep_until(tail);
+    return CUDA_SUCCESS;
+}
+
+/* ---- modules ---- */
+API CUresult cuModuleLoadData(CUmodule *module, const void *image) {
+    (void)image;
+    if (module == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *module = (CUmodule)malloc(16);
+    return CUDA_SUCCESS;
+}
+API CUresult cuModuleGetFunction(CUfunction *function, CUmodule module, const char *name) {
+    if (function == NULL || module == NULL || name == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *function = (CUfunction)strdup(name);
+    return CUDA_SUCCESS;
+}
+
+/* ---- streams and capture ---- */
+API CUresult cuStreamCreate(CUstream *stream, unsigned int flags) {
+    (void)flags;
+    if (stream == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *stream = (CUstream)malloc(16);
+    pthread_mutex_lock(&lock);
+    stream_index(*stream, 1);
+    pthread_mutex_unlock(&lock);
+    return CUDA_SUCCESS;
+}
+API CUresult cuStreamDestroy_v2(CUstream stream) {
+    pthread_mutex_lock(&lock);
+    int index = stream_index(stream, 0);
+    if (index > 0) memset(&streams[index], 0, sizeof(streams[index]));
+    pthread_mutex_unlock(&lock);
+    free(stream);
+    return CUDA_SUCCESS;
+}
+static CUresult stream_sync(CUstream stream) {
+    pthread_mutex_lock(&lock);
+    int index = stream_index(stream, 0);
+    int64_t tail = index >= 0 ? streams[index].tail_ns : process_tail_ns;
+    pthread_mutex_unlock(&lock);
+    sleep_until(tail);
+    return CUDA_SUCCESS;
+}
+API CUresult cuStreamSynchronize(CUstream stream) { return stream_sync(stream); }
+API CUresult cuStreamSynchronize_ptsz(CUstream stream) { return stream_sync(stream); }
+
+static CUresult is_capturing(CUstream stream, CUstreamCaptureStatus *status) {
+    if (status == NULL) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    int index = stream_index(stream, 0);
+    *status = index >= 0 && streams[index].capturing ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+    pthread_mutex_unlock(&lock);
+    return CUDA_SUCCESS;
+}
+API CUresult cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus *status) { return is_capturing(stream, status); }
+API CUresult cuStreamIsCapturing_ptsz(CUstream stream, CUstreamCaptureStatus *status) { return is_capturing(stream, status); }
+
+static CUresult begin_capture(CUstream stream) {
+    if (stream == NULL) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    pthread_mutex_lock(&lock);
+    int index = stream_index(stream, 1);
+    streams[index].capturing = 1;
+    streams[index].captured_blocks = 0;
+    pthread_mutex_unlock(&lock);
+    return CUDA_SUCCESS;
+}
+API CUresult cuStreamBeginCapture(CUstream stream) { return begin_capture(stream); }
+API CUresult cuStreamBeginCapture_ptsz(CUstream stream) { return begin_capture(stream); }
+API CUresult cuStreamBeginCapture_v2(CUstream stream, CUstreamCaptureMode mode) { (void)mode; return begin_capture(stream); }
+API CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, CUstreamCaptureMode mode) { (void)mode; return begin_capture(stream); }
+
+static CUresult end_capture(CUstream stream, CUgraph *graph) {
+    if (graph == NULL) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    int index = stream_index(stream, 0);
+    if (index < 0 || !streams[index].capturing) {
+        pthread_mutex_unlock(&lock);
+        return CUDA_ERROR_ILLEGAL_STATE;
+    }
+    struct fake_graph *recorded = malloc(sizeof(*recorded));
+    recorded->blocks = streams[index].captured_blocks;
+    streams[index].capturing = 0;
+    pthread_mutex_unlock(&lock);
+    *graph = (CUgraph)recorded;
+    return CUDA_SUCCESS;
+}
+API CUresult cuStreamEndCapture(CUstream stream, CUgraph *graph) { return end_capture(stream, graph); }
+API CUresult cuStreamEndCapture_ptsz(CUstream stream, CUgraph *graph) { return end_capture(stream, graph); }
+
+API CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned long long flags) {
+    (void)flags;
+    if (exec == NULL || graph == NULL) return CUDA_ERROR_INVALID_VALUE;
+    struct fake_graph *copy = malloc(sizeof(*copy));
+    copy->blocks = ((struct fake_graph *)graph)->blocks;
+    *exec = (CUgraphExec)copy;
+    return CUDA_SUCCESS;
+}
+API CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream) {
+    if (exec == NULL) return CUDA_ERROR_INVALID_VALUE;
+    return run_kernel(stream, ((struct fake_graph *)exec)->blocks);
+}
+API CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream) { return cuGraphLaunch(exec, stream); }
+API CUresult cuGraphExecDestroy(CUgraphExec exec) { free(exec); return CUDA_SUCCESS; }
+API CUresult cuGraphDestroy(CUgraph graph) { free(graph); return CUDA_SUCCESS; }
+
+/* ---- launches ---- */
+static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, CUstream stream) {
+    if (f == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    return run_kernel(stream, (int64_t)gx * gy * gz);
+}
+API CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                            unsigned bz, unsigned shared, CUstream stream, void **params, void **extra) {
+    (void)bx; (void)by; (void)bz; (void)shared; (void)params; (void)extra;
+    return launch(f, gx, gy, gz, stream);
+}
+API CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                 unsigned bz, unsigned shared, CUstream stream, void **params, void **extra) {
+    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
+}
+API CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params, void **extra) {
+    (void)params; (void)extra;
+    if (config == NULL) return CUDA_ERROR_INVALID_VALUE;
+    return launch(f, config->gridDimX, config->gridDimY, config->gridDimZ, config->hStream);
+}
+API CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **params, void **extra) {
+    return cuLaunchKernelEx(config, f, params, extra);
+}
+API CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                       unsigned by, unsigned bz, unsigned shared, CUstream stream, void **params) {
+    (void)bx; (void)by; (void)bz; (void)shared; (void)params;
+    return launch(f, gx, gy, gz, stream);
+}
+API CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                            unsigned by, unsigned bz, unsigned shared, CUstream stream,
+                                            void **params) {
+    return cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params);
+}
+
+/* ---- memory ---- */
+static CUresult allocate(CUdeviceptr *ptr, size_t size) {
+    ensure_init();
+    if (ptr == NULL || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    if (memory_used + (int64_t)size > fake.memory_total) {
+        pthread_mutex_unlock(&lock);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    memory_used += (int64_t)size;
+    *ptr = next_address;
+    next_address += (size + 0xfffu) & ~(uint64_t)0xfffu;
+    pthread_mutex_unlock(&lock);
+    return CUDA_SUCCESS;
+}
+struct sized { CUdeviceptr ptr; int64_t size; };
+static struct sized sizes[4096];
+static void note_size(CUdeviceptr ptr, int64_t size) {
+    pthread_mutex_lock(&lock);
+    sizes[(ptr >> 12) % 4096] = (struct sized){ptr, size};
+    pthread_mutex_unlock(&lock);
+}
+static CUresult release(CUdeviceptr ptr) {
+    pthread_mutex_lock(&lock);
+    struct sized *entry = &sizes[(ptr >> 12) % 4096];
+    if (entry->ptr == ptr) {
+        memory_used -= entry->size;
+        entry->ptr = 0;
+    }
+    pthread_mutex_unlock(&lock);
+    return CUDA_SUCCESS;
+}
+API CUresult cuMemAlloc_v2(CUdeviceptr *ptr, size_t size) {
+    CUresult result = allocate(ptr, size);
+    if (result == CUDA_SUCCESS) note_size(*ptr, (int64_t)size);
+    return result;
+}
+API CUresult cuMemAllocManaged(CUdeviceptr *ptr, size_t size, unsigned int flags) { (void)flags; return cuMemAlloc_v2(ptr, size); }
+API CUresult cuMemAllocPitch_v2(CUdeviceptr *ptr, size_t *pitch, size_t width, size_t height, unsigned int element) {
+    (void)element;
+    if (pitch == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *pitch = (width + 511) & ~(size_t)511;
+    return cuMemAlloc_v2(ptr, *pitch * height);
+}
+API CUresult cuMemAllocAsync(CUdeviceptr *ptr, size_t size, CUstream stream) { (void)stream; return cuMemAlloc_v2(ptr, size); }
+API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *ptr, size_t size, CUstream stream) { (void)stream; return cuMemAlloc_v2(ptr, size); }
+API CUresult cuMemFree_v2(CUdeviceptr ptr) { return release(ptr); }
+API CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream stream) { (void)stream; return release(ptr); }
+API CUresult cuMemFreeAsync_ptsz(CUdeviceptr ptr, CUstream stream) { (void)stream; return release(ptr); }
+API CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
+    ensure_init();
+    if (free_bytes == NULL || total_bytes == NULL) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    *free_bytes = (size_t)(fake.memory_total - memory_used);
+    pthread_mutex_unlock(&lock);
+    *total_bytes = (size_t)fake.memory_total;
+    return CUDA_SUCCESS;
+}
+
+/* ---- errors, private tables ---- */
+API CUresult cuGetErrorString(CUresult error, const char **text) {
+    if (text == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *text = error == CUDA_SUCCESS ? "no error" : error == CUDA_ERROR_OUT_OF_MEMORY ? "out of memory" : "fake driver error";
+    return CUDA_SUCCESS;
+}
+API CUresult cuGetErrorName(CUresult error, const char **text) {
+    if (text == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *text = error == CUDA_SUCCESS ? "CUDA_SUCCESS" : error == CUDA_ERROR_OUT_OF_MEMORY ? "CUDA_ERROR_OUT_OF_MEMORY" : "CUDA_ERROR_UNKNOWN";
+    return CUDA_SUCCESS;
+}
+API CUresult cuGetExportTable(const void **table, const CUuuid *id) {
+    (void)table; (void)id;
+    return CUDA_ERROR_NOT_SUPPORTED; /* the real runtime needs these private tables: not emulated */
+}
+
+/* ---- entry points by name and version ---- */
+struct entry {
+    const char *name;
+    int since;
+    const char *legacy;
+    const char *ptsz;
+};
+
+static const struct entry entries[] = {
+    {"cuInit", 2000, "cuInit", NULL},
+    {"cuDriverGetVersion", 2020, "cuDriverGetVersion", NULL},
+    {"cuDeviceGet", 2000, "cuDeviceGet", NULL},
+    {"cuDeviceGetCount", 2000, "cuDeviceGetCount", NULL},
+    {"cuDeviceGetName", 2000, "cuDeviceGetName", NULL},
+    {"cuDeviceGetUuid", 11040, "cuDeviceGetUuid_v2", NULL},
+    {"cuDeviceTotalMem", 3020, "cuDeviceTotalMem_v2", NULL},
+    {"cuDevicePrimaryCtxRetain", 7000, "cuDevicePrimaryCtxRetain", NULL},
+    {"cuCtxSetCurrent", 4000, "cuCtxSetCurrent", NULL},
+    {"cuCtxGetCurrent", 4000, "cuCtxGetCurrent", NULL},
+    {"cuCtxGetDevice", 2000, "cuCtxGetDevice", NULL},
+    {"cuCtxSynchronize", 2000, "cuCtxSynchronize", NULL},
+    {"cuModuleLoadData", 2000, "cuModuleLoadData", NULL},
+    {"cuModuleGetFunction", 2000, "cuModuleGetFunction", NULL},
+    {"cuStreamCreate", 2000, "cuStreamCreate", NULL},
+    {"cuStreamDestroy", 4000, "cuStreamDestroy_v2", NULL},
+    {"cuStreamSynchronize", 2000, "cuStreamSynchronize", "cuStreamSynchronize_ptsz"},
+    {"cuStreamIsCapturing", 10000, "cuStreamIsCapturing", "cuStreamIsCapturing_ptsz"},
+    {"cuStreamBeginCapture", 10000, "cuStreamBeginCapture", "cuStreamBeginCapture_ptsz"},
+    {"cuStreamBeginCapture", 10010, "cuStreamBeginCapture_v2", "cuStreamBeginCapture_v2_ptsz"},
+    {"cuStreamEndCapture", 10000, "cuStreamEndCapture", "cuStreamEndCapture_ptsz"},
+    {"cuGraphInstantiateWithFlags", 11040, "cuGraphInstantiateWithFlags", NULL},
+    {"cuGraphInstantiate", 12000, "cuGraphInstantiateWithFlags", NULL},
+    {"cuGraphLaunch", 10000, "cuGraphLaunch", "cuGraphLaunch_ptsz"},
+    {"cuGraphExecDestroy", 10000, "cuGraphExecDestroy", NULL},
+    {"cuGraphDestroy", 10000, "cuGraphDestroy", NULL},
+    {"cuLaunchKernel", 4000, "cuLaunchKernel", "cuLaunchKernel_ptsz"},
+    {"cuLaunchKernelEx", 11060, "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz"},
+    {"cuLaunchCooperativeKernel", 9000, "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel_ptsz"},
+    {"cuMemAlloc", 3020, "cuMemAlloc_v2", NULL},
+    {"cuMemAllocManaged", 6000, "cuMemAllocManaged", NULL},
+    {"cuMemAllocPitch", 3020, "cuMemAllocPitch_v2", NULL},
+    {"cuMemAllocAsync", 11020, "cuMemAllocAsync", "cuMemAllocAsync_ptsz"},
+    {"cuMemFree", 3020, "cuMemFree_v2", NULL},
+    {"cuMemFreeAsync", 11020, "cuMemFreeAsync", "cuMemFreeAsync_ptsz"},
+    {"cuMemGetInfo", 3020, "cuMemGetInfo_v2", NULL},
+    {"cuGetProcAddress", 11030, "cuGetProcAddress", NULL},
+    {"cuGetProcAddress", 12000, "cuGetProcAddress_v2", NULL},
+    {"cuGetExportTable", 3000, "cuGetExportTable", NULL},
+    {"cuGetErrorString", 6000, "cuGetErrorString", NULL},
+    {"cuGetErrorName", 6000, "cuGetErrorName", NULL},
+};
+
+static void *self_symbol(const char *symbol) {
+    static void *self;
+    if (self == NULL) {
+        self = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    }
+    /* Through whatever dlsym is interposed, on purpose: a shim must pass this through. */
+    return self != NULL ? dlsym(self, symbol) : NULL;
+}
+
+static CUresult lookup(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                       CUdriverProcAddressQueryResult *status) {
+    ensure_init();
+    if (symbol == NULL || pfn == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *pfn = NULL;
+    const struct entry *best = NULL;
+    int known = 0;
+    for (size_t i = 0; i < sizeof(entries) / sizeof(entries[0]); i++) {
+        if (strcmp(entries[i].name, symbol) == 0) {
+            known = 1;
+            if (entries[i].since <= version && (best == NULL || entries[i].since > best->since)) {
+                best = &entries[i];
+            }
+        }
+    }
+    if (best == NULL) {
+        if (status != NULL) *status = known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+        return CUDA_ERROR_NOT_FOUND;
+    }
+    const char *name = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && best->ptsz ? best->ptsz : best->legacy;
+    *pfn = self_symbol(name);
+    if (status != NULL) *status = *pfn ? CU_GET_PROC_ADDRESS_SUCCESS : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    return *pfn ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+API CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags) {
+    return lookup(symbol, pfn, version, flags, NULL);
+}
+API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                                 CUdriverProcAddressQueryResult *status) {
+    return lookup(symbol, pfn, version, flags, status);
+}

@@ -1,0 +1,80 @@
+/*
+ * A driver-API client that reaches launches the way the CUDA runtime does: dlopen libcuda,
+ * dlsym("cuGetProcAddress_v2"), then cuGetProcAddress for everything else. Used by the
+ * benchmarks and tests. Prints one JSON object.
+ *
+ *   launcher count N BLOCKS            N launches as fast as possible (ns per launch)
+ *   launcher run SECONDS BLOCKS SYNC   launch for SECONDS, synchronising every SYNC launches
+ */
+#define __CUDA_API_VERSION_INTERNAL 1
+#include <cuda.h>
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef CUresult (*gpa_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                              CUstream, void **, void **);
+typedef CUresult (*sync_fn)(void);
+typedef CUresult (*init_fn)(unsigned);
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void *get(gpa_fn gpa, const char *name, int version) {
+    void *fn = NULL;
+    CUdriverProcAddressQueryResult status;
+    if (gpa(name, &fn, version, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &status) != CUDA_SUCCESS || fn == NULL) {
+        fprintf(stderr, "launcher: %s not available\n", name);
+        exit(2);
+    }
+    return fn;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 4) {
+        fprintf(stderr, "usage: launcher count N BLOCKS | launcher run SECONDS BLOCKS SYNC\n");
+        return 2;
+    }
+    void *driver = dlopen("libcuda.so.1", RTLD_NOW);
+    if (driver == NULL) {
+        fprintf(stderr, "launcher: %s\n", dlerror());
+        return 2;
+    }
+    gpa_fn gpa = (gpa_fn)dlsym(driver, "cuGetProcAddress_v2");
+    ((init_fn)get(gpa, "cuInit", 2000))(0);
+    launch_fn launch = (launch_fn)get(gpa, "cuLaunchKernel", 12000);
+    sync_fn synchronize = (sync_fn)get(gpa, "cuCtxSynchronize", 2000);
+    volatile long long *device_ns = dlsym(driver, "dilu_fake_device_ns");
+    CUfunction kernel = (CUfunction)"kernel";
+    unsigned blocks = (unsigned)atoi(argv[3]);
+    long long launches = 0;
+    double started = now_s(), elapsed;
+    if (strcmp(argv[1], "count") == 0) {
+        long long n = atoll(argv[2]);
+        for (long long i = 0; i < n; i++) {
+            launch(kernel, blocks, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL);
+        }
+        launches = n;
+        elapsed = now_s() - started;
+    } else {
+        double seconds = atof(argv[2]);
+        long long sync_every = argc > 4 ? atoll(argv[4]) : 0;
+        while (now_s() - started < seconds) {
+            launch(kernel, blocks, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL);
+            launches++;
+            if (sync_every > 0 && launches % sync_every == 0) {
+                synchronize();
+            }
+        }
+        elapsed = now_s() - started;
+    }
+    printf("{\"launches\": %lld, \"seconds\": %.6f, \"ns_per_launch\": %.2f, \"device_ns\": %lld}\n", launches,
+           elapsed, elapsed * 1e9 / (double)(launches ? launches : 1), device_ns ? *device_ns : -1LL);
+    return 0;
+}
