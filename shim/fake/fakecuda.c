@@ -57,6 +57,7 @@ static uint64_t next_address = 0x700000000000ull;
 /* Per-process counters, readable with ctypes. */
 API volatile int64_t dilu_fake_launch_count;
 API volatile int64_t dilu_fake_device_ns;
+API volatile int64_t dilu_fake_ptsz_calls;   /* launches that arrived through a _ptsz entry point */
 
 static struct {
     CUstream stream;
@@ -332,7 +333,10 @@ API CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream) {
     if (exec == NULL) return CUDA_ERROR_INVALID_VALUE;
     return run_kernel(stream, ((struct fake_graph *)exec)->blocks);
 }
-API CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream) { return cuGraphLaunch(exec, stream); }
+API CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream) {
+    __atomic_fetch_add(&dilu_fake_ptsz_calls, 1, __ATOMIC_RELAXED);
+    return cuGraphLaunch(exec, stream);
+}
 API CUresult cuGraphExecDestroy(CUgraphExec exec) { free(exec); return CUDA_SUCCESS; }
 API CUresult cuGraphDestroy(CUgraph graph) { free(graph); return CUDA_SUCCESS; }
 
@@ -348,6 +352,7 @@ API CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
 }
 API CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                  unsigned bz, unsigned shared, CUstream stream, void **params, void **extra) {
+    __atomic_fetch_add(&dilu_fake_ptsz_calls, 1, __ATOMIC_RELAXED);
     return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
 }
 API CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params, void **extra) {
@@ -356,6 +361,7 @@ API CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void *
     return launch(f, config->gridDimX, config->gridDimY, config->gridDimZ, config->hStream);
 }
 API CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **params, void **extra) {
+    __atomic_fetch_add(&dilu_fake_ptsz_calls, 1, __ATOMIC_RELAXED);
     return cuLaunchKernelEx(config, f, params, extra);
 }
 API CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
@@ -366,6 +372,7 @@ API CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, u
 API CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                             unsigned by, unsigned bz, unsigned shared, CUstream stream,
                                             void **params) {
+    __atomic_fetch_add(&dilu_fake_ptsz_calls, 1, __ATOMIC_RELAXED);
     return cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params);
 }
 

@@ -1,0 +1,65 @@
+"""The shared-memory region of one GPU's token manager (mirror of shim/include/dilu_shm.h).
+
+The manager is the only writer of the header and of each slot's ``granted``/``pid``/``gen``;
+shims only add to ``consumed``, ``launches``, ``blocked_ns`` and ``mem_used``. Aligned 8-byte
+loads and stores are atomic on the platforms Dilu runs on, so no locks cross the boundary.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import platform
+
+MAGIC = 0x554C4944
+ABI = 1
+MAX_SLOTS = 64
+_FUTEX_WAKE = 1
+_SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine(), 202)
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class Header(ctypes.Structure):
+    _fields_ = [("magic", ctypes.c_uint32), ("abi", ctypes.c_uint32), ("slots", ctypes.c_uint32),
+                ("period_us", ctypes.c_uint32), ("heartbeat_ns", ctypes.c_int64),
+                ("refill_gen", ctypes.c_uint32), ("reserved0", ctypes.c_uint32), ("pad", ctypes.c_uint8 * 32)]
+
+
+class Slot(ctypes.Structure):
+    _fields_ = [("pid", ctypes.c_int32), ("gen", ctypes.c_uint32), ("granted", ctypes.c_int64),
+                ("consumed", ctypes.c_int64), ("launches", ctypes.c_int64), ("blocked_ns", ctypes.c_int64),
+                ("mem_used", ctypes.c_int64), ("pad", ctypes.c_uint8 * 16)]
+
+
+assert ctypes.sizeof(Header) == 64 and ctypes.sizeof(Slot) == 64
+SIZE = ctypes.sizeof(Header) + MAX_SLOTS * ctypes.sizeof(Slot)
+
+
+class Region:
+    """A memfd-backed region; ``fd`` is what registration hands to each shim."""
+
+    def __init__(self, period_us: int) -> None:
+        self.fd = os.memfd_create("dilu-tokens", os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, SIZE)
+        self._map = mmap.mmap(self.fd, SIZE)
+        self.header = Header.from_buffer(self._map, 0)
+        self.slots = [Slot.from_buffer(self._map, ctypes.sizeof(Header) + i * ctypes.sizeof(Slot))
+                      for i in range(MAX_SLOTS)]
+        self.header.abi = ABI
+        self.header.slots = MAX_SLOTS
+        self.header.period_us = period_us
+        self.header.magic = MAGIC  # last: a shim checks it before trusting the rest
+        self._futex_address = ctypes.addressof(self.header) + Header.refill_gen.offset
+
+    def refilled(self, now_ns: int) -> None:
+        """Publishes a refill: heartbeat, generation bump, and a wake-up for waiting launches."""
+        self.header.heartbeat_ns = now_ns
+        self.header.refill_gen = (self.header.refill_gen + 1) & 0xFFFFFFFF
+        _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(self._futex_address), _FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
+
+    def close(self) -> None:
+        del self.header
+        self.slots.clear()
+        self._map.close()
+        os.close(self.fd)
