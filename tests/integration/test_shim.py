@@ -1,0 +1,127 @@
+"""The real shim with the fake CUDA driver: interception, gating, slices, failure, fork, memory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.shim_harness import BUILD, CAPACITY, build_shim, client_env, start_client
+from tests.waiting import eventually
+from worker.tokens.manager import TokenManager, socket_path_for
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _built() -> None:
+    build_shim()
+
+
+@pytest.fixture
+def manager(tmp_path: Path):  # noqa: ANN201
+    started = TokenManager(gpu_uuid="GPU-test", socket_path=socket_path_for(tmp_path, "GPU-test"),
+                           capacity_per_s=CAPACITY)
+    started.start()
+    yield started
+    started.stop()
+
+
+def test_every_launch_path_is_intercepted(tmp_path: Path) -> None:
+    (result,) = start_client(client_env(tmp_path), "gpa").lines()
+    shim = str(BUILD / "libdilu_shim.so")
+    by_case = {(r["symbol"], r["version"], r["flags"], r.get("via")): r["library"] for r in result["resolved"]}
+    for (symbol, version, flags, via), library in by_case.items():
+        if symbol == "cuInit":
+            assert library.endswith("libcuda.so.1"), "entry points the shim does not gate pass through"
+        else:
+            assert library == shim, (symbol, version, flags, via, library)
+    assert result["dlsym"]["cuInit"].endswith("libcuda.so.1")
+    assert {k: v for k, v in result["dlsym"].items() if k != "cuInit"} == {
+        "cuLaunchKernel": shim, "cuLaunchKernel_ptsz": shim, "cuLaunchKernelEx": shim, "cuGraphLaunch": shim}
+    assert result["ptsz_reached"] == 1 and result["ptsz_result"] == 0, "the _ptsz wrapper calls the _ptsz driver"
+
+
+def test_without_the_shim_nothing_is_wrapped(tmp_path: Path) -> None:
+    (result,) = start_client(client_env(tmp_path, shim=False), "gpa").lines()
+    assert all(r["library"].endswith("libcuda.so.1") for r in result["resolved"])
+
+
+def test_gating_holds_an_instance_to_its_share(manager: TokenManager, tmp_path: Path) -> None:
+    manager.set_slice("solo", "batch", 0.25, 0.25)
+    (result,) = start_client(client_env(tmp_path, socket=manager.socket_path, instance="solo"),
+                             "run", 2.0, 100, 0).lines()
+    assert result["share"] == pytest.approx(0.25, abs=0.05)
+    eventually(lambda: "solo" not in manager.telemetry(), timeout=10, what="the slot to be freed on exit")
+
+
+def test_two_instances_split_the_device_by_their_slices(manager: TokenManager, tmp_path: Path) -> None:
+    manager.set_slice("small", "batch", 0.3, 0.3)
+    manager.set_slice("large", "batch", 0.7, 0.7)
+    small = start_client(client_env(tmp_path, socket=manager.socket_path, instance="small"), "run", 2.5, 100, 0)
+    large = start_client(client_env(tmp_path, socket=manager.socket_path, instance="large"), "run", 2.5, 100, 0)
+    (a,), (b,) = small.lines(), large.lines()
+    assert a["share"] / (a["share"] + b["share"]) == pytest.approx(0.3, abs=0.05)
+    assert a["share"] + b["share"] == pytest.approx(1.0, abs=0.1)
+
+
+def test_a_slice_change_takes_effect(manager: TokenManager, tmp_path: Path) -> None:
+    manager.set_slice("resized", "batch", 0.8, 0.8)
+    client = start_client(client_env(tmp_path, socket=manager.socket_path, instance="resized"),
+                          "phases", 6, 0.5, 100)
+    before = client.next_line()["share"]
+    manager.set_slice("resized", "batch", 0.2, 0.2)
+    after = [line["share"] for line in client.lines()]
+    assert before == pytest.approx(0.8, abs=0.08)
+    assert after[-1] == pytest.approx(0.2, abs=0.05), after
+
+
+def test_fail_open_when_the_manager_dies_and_reregister_when_it_returns(tmp_path: Path) -> None:
+    path = socket_path_for(tmp_path, "GPU-flaky")
+    first = TokenManager(gpu_uuid="GPU-flaky", socket_path=path, capacity_per_s=CAPACITY)
+    first.set_slice("flaky", "batch", 0.1, 0.1)
+    first.start()
+    client = start_client(client_env(tmp_path, socket=path, instance="flaky", extra={"DILU_SHIM_RETRY_MS": "50"}),
+                          "phases", 8, 0.5, 100)
+    try:
+        gated = client.next_line()["share"]
+    finally:
+        first.stop()
+    # Two windows without a manager: the shim notices, runs ungated, keeps trying to come back.
+    away = [client.next_line()["share"], client.next_line()["share"]]
+    second = TokenManager(gpu_uuid="GPU-flaky", socket_path=path, capacity_per_s=CAPACITY)
+    second.set_slice("flaky", "batch", 0.1, 0.1)
+    second.start()
+    try:
+        eventually(lambda: "flaky" in second.telemetry(), timeout=30, what="re-registration")
+        back = [line["share"] for line in client.lines()]
+    finally:
+        second.stop()
+    assert gated == pytest.approx(0.1, abs=0.05)
+    assert max(away) > 0.6, f"ungated while the manager was away: {away}"
+    assert back[-1] == pytest.approx(0.1, abs=0.05), f"gated again after re-registering: {back}"
+    assert "stopped answering" in client.stderr and client.stderr.count("registered with the token manager") == 2
+
+
+def test_a_forked_child_registers_on_its_own(manager: TokenManager, tmp_path: Path) -> None:
+    manager.set_slice("forky", "batch", 0.5, 0.5)
+    client = start_client(client_env(tmp_path, socket=manager.socket_path, instance="forky"), "fork", 100)
+    (result,) = client.lines()
+    assert result["child_exit"] == 0
+    assert client.stderr.count("registered with the token manager") == 2
+    assert f"[dilu-shim {result['child_pid']}] registered" in client.stderr
+
+
+def test_memory_slice(tmp_path: Path) -> None:
+    limit = 8 * 2**20
+    (result,) = start_client(client_env(tmp_path, memory_limit=limit), "memory", limit).lines()
+    assert result["total"] == limit and result["free_when_full"] == 0
+    assert result["refused"] == result["oom"]
+    assert result["free_after_free"] == limit // 2 and result["realloc_ok"]
+
+
+def test_captured_launches_are_not_charged_until_the_graph_runs(manager: TokenManager, tmp_path: Path) -> None:
+    manager.set_slice("graphs", "batch", 1.0, 1.0)
+    client = start_client(client_env(tmp_path, socket=manager.socket_path, instance="graphs",
+                                     extra={"DILU_SHIM_LOG": "3"}), "capture")
+    (result,) = client.lines()
+    assert result["captured_device_ns"] == 0 and result["replay_device_ns"] == 1000 * 1000
+    assert "graph costs 1000 tokens per replay" in client.stderr
