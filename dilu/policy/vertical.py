@@ -7,10 +7,11 @@ with which instances launched work in the period that ended; time is passed in.
   shorter than ``idle_gap_periods`` stay inside the cycle). Cycles longer than
   ``klc_min_periods`` count; the shortest in the last ``klc_history`` is the uncontended
   baseline, and stretch = cycle / baseline.
-- Latency instances get their limit when nothing else is active on the GPU, their request under
-  contention.
-- Batch instances share what recently active latency work leaves, by request, capped at their
-  limits, times the batch factor. A stretch >= ``emergency_stretch`` (``llm_emergency_stretch``
+- Batch instances share what recently active latency work's requests leave, by request, capped
+  at their limits, times the batch factor.
+- Latency instances get their limit when nothing else is active on the GPU; under contention
+  their request plus whatever batch work leaves unused (up to the limit), so cutting batch work
+  speeds latency work up. A stretch >= ``emergency_stretch`` (``llm_emergency_stretch``
   for LLM functions) divides the factor by the stretch (floor: ``batch_floor`` of the request);
   a stretch below ``recovery_stretch`` grows it by ``recovery_factor`` at most every
   ``recovery_every_cycles`` cycles; stretches >= ``outlier_stretch`` are ignored.
@@ -135,13 +136,8 @@ def allocate(ctx: VerticalContext, state: VerticalState) -> tuple[dict[str, floa
 
     latency = [s for s in ctx.slices if s.cls == "latency"]
     batch = [s for s in ctx.slices if s.cls != "latency"]
-    shares: dict[str, float] = {}
-    for item in latency:
-        contended = any(recently(other.instance_id, params.contention_window_s)
-                        for other in ctx.slices if other.instance_id != item.instance_id)
-        shares[item.instance_id] = item.request if contended else item.limit
-
     latency_recent = [s for s in latency if recently(s.instance_id, params.latency_idle_s)]
+    shares: dict[str, float] = {}
     if not latency_recent:
         if factor != 1.0:
             events.append("latency-idle:batch-limits")
@@ -151,12 +147,26 @@ def allocate(ctx: VerticalContext, state: VerticalState) -> tuple[dict[str, floa
         for item in batch:
             shares[item.instance_id] = item.limit * scale
     else:
-        pool = max(0.0, 1.0 - sum(shares[s.instance_id] for s in latency_recent))
+        pool = max(0.0, 1.0 - sum(s.request for s in latency_recent))
         weights = {s.instance_id: max(s.request, params.batch_floor) for s in batch}
         total_weight = sum(weights.values()) or 1.0
         for item in batch:
             fair = min(item.limit, pool * weights[item.instance_id] / total_weight)
             shares[item.instance_id] = max(params.batch_floor * item.request, fair * factor)
+
+    # Latency work is guaranteed its request and takes what batch work leaves, up to its limit;
+    # alone on the GPU it gets its limit.
+    spare = max(0.0, 1.0 - sum(s.request for s in latency_recent)
+                - sum(shares[s.instance_id] for s in batch if recently(s.instance_id, params.contention_window_s)))
+    contenders = [s for s in latency_recent if recently(s.instance_id, params.contention_window_s)] or latency_recent
+    for item in latency:
+        contended = any(recently(other.instance_id, params.contention_window_s)
+                        for other in ctx.slices if other.instance_id != item.instance_id)
+        if not contended:
+            shares[item.instance_id] = item.limit
+        else:
+            extra = spare / len(contenders) if item in contenders else 0.0
+            shares[item.instance_id] = min(item.limit, item.request + extra)
 
     new_state = VerticalState(klc=klcs, last_active=last_active, batch_factor=factor,
                               cycles_since_change=since_change, events=tuple(events))

@@ -125,3 +125,22 @@ def test_captured_launches_are_not_charged_until_the_graph_runs(manager: TokenMa
     (result,) = client.lines()
     assert result["captured_device_ns"] == 0 and result["replay_device_ns"] == 1000 * 1000
     assert "graph costs 1000 tokens per replay" in client.stderr
+
+
+def test_klc_emergency_squeezes_batch_work_and_its_end_gives_the_share_back(
+        manager: TokenManager, tmp_path: Path) -> None:
+    manager.set_slice("lat", "latency", 0.5, 1.0)
+    manager.set_slice("train", "batch", 0.5, 1.0)
+    # Request-like bursts: 40 kernels of 1 ms device time each, then 100 ms idle.
+    latency = start_client(client_env(tmp_path, socket=manager.socket_path, instance="lat"),
+                           "bursts", 24, 40, 1000, 0.1)
+    alone = [latency.next_line()["ms"] for _ in range(6)]  # uncontended cycles set the KLC baseline
+    started_batch = __import__("time").monotonic()
+    batch = start_client(client_env(tmp_path, socket=manager.socket_path, instance="train"), "phases", 12, 0.5, 100)
+    latency.lines()
+    batch_shares = [line["share"] for line in batch.lines()]
+    emergencies = [event for at, event in manager.events if event.startswith("emergency:lat") and at > started_batch]
+    assert emergencies, f"no KLC emergency while batch work ran beside the bursts: {list(manager.events)}"
+    assert min(batch_shares[:4]) < 0.6, f"batch work was not squeezed during the bursts: {batch_shares}"
+    assert batch_shares[-1] > 0.85, f"batch work did not get its limit back after the bursts: {batch_shares}"
+    assert alone, "the latency client reported its bursts"

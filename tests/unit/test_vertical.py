@@ -79,12 +79,14 @@ def test_klc_cycles(label: str, cycles: list[int], expect_factor: float, expect_
     assert clock.state.klc["lat"].last_klc == cycles[-1] or cycles[-1] <= P.klc_min_periods
 
 
-def test_emergency_shrinks_the_batch_share() -> None:
+def test_emergency_moves_share_from_batch_to_latency() -> None:
     clock = Clock([LAT, BATCH]).cycle(10, also={"batch"})
-    before = clock.run(1, {"lat", "batch"}).shares["batch"]
+    before = clock.run(1, {"lat", "batch"}).shares
+    assert before == {"lat": pytest.approx(0.4), "batch": pytest.approx(0.6)}
     clock.run(19, {"lat", "batch"}).run(P.idle_gap_periods, {"batch"})  # a 20-period cycle ends
-    clock.run(1, {"lat", "batch"})
-    assert clock.shares["batch"] == pytest.approx(before / 2)
+    after = clock.run(1, {"lat", "batch"}).shares
+    assert after["batch"] == pytest.approx(0.3)
+    assert after["lat"] == pytest.approx(0.7), "latency takes what batch gave up, up to its limit"
 
 
 def test_llm_functions_use_the_lower_emergency_line() -> None:

@@ -59,6 +59,7 @@ class TokenManager:
         self._selector = selectors.DefaultSelector()
         self._listener: socket.socket | None = None
         self.periods = 0
+        self.events: deque[tuple[float, str]] = deque(maxlen=1000)  # (monotonic time, policy event)
 
     # ---- control API (any thread) ----
     def set_slice(self, instance_id: str, cls: str, request: float, limit: float, llm: bool = False) -> None:
@@ -164,6 +165,7 @@ class TokenManager:
             self._shares, self._state = allocate(
                 VerticalContext(now, slices, frozenset(active), self.params), self._state)
             for event in self._state.events:
+                self.events.append((now, event))
                 log.info("%s: %s (batch factor %.3f)", self.gpu_uuid, event, self._state.batch_factor)
             per_period = self.capacity_per_s * self.params.period_s
             for client in self._clients.values():
