@@ -81,6 +81,12 @@ class WorkerSettings(CommonSettings):
     python: str | None = Field(None, description="Interpreter for instances; this one when unset")
     gpus: str | None = Field(None, description="'none' forces a CPU worker; otherwise all GPUs found")
     worker_name: str | None = Field(None, description="Prefix of this host's worker ids; the hostname when unset")
+    fake_gpus: int = Field(0, ge=0, le=16, description="Simulated GPUs (fake driver + real shim), for machines without one")
+    fake_ns_per_block: int = Field(1000, gt=0, description="Device time of one block on a simulated GPU")
+    token_capacity: float | None = Field(
+        None, gt=0, description="Blocks per second a whole GPU runs (token budget at share 1.0); "
+                                "exact for simulated GPUs, calibrate for real ones")
+    shim_dir: Path | None = Field(None, description="Folder with the built libdilu_shim.so; shim/build when unset")
 
     @field_validator("runtime")
     @classmethod

@@ -46,4 +46,6 @@ def create_http_client() -> httpx.AsyncClient:
 
 def worker_id(device: DeviceInfo, name: str | None = None) -> str:
     host = name or socket.gethostname()
-    return f"{host}-gpu{device.index}" if device.kind == "gpu" else f"{host}-cpu"
+    if device.kind != "gpu":
+        return f"{host}-cpu"
+    return f"{host}-{'fakegpu' if device.fake else 'gpu'}{device.index}"

@@ -30,6 +30,7 @@ class DeviceInfo:
     name: str
     memory_bytes: int
     index: int | None = None
+    fake: bool = False  # a GPU simulated by shim/'s fake driver (tests and demos without a GPU)
 
 
 @dataclass(frozen=True)

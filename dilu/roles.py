@@ -22,6 +22,8 @@ from worker.agent import WorkerAgent
 from worker.api import create_worker_api
 from worker.client import InProcessWorkerClient, WorkerDirectory
 from worker.devices import discover_devices
+from worker.shimlib import ShimUnavailable, shim_paths
+from worker.tokens.control import GpuControl
 
 log = logging.getLogger(__name__)
 OnReady = Callable[[str], Awaitable[None]]
@@ -65,17 +67,32 @@ async def _serve(server: uvicorn.Server, sock: socket.socket, host: str, on_read
                 await task
 
 
+def _gpu_control(settings: WorkerSettings, device) -> GpuControl | None:  # noqa: ANN001
+    """The token manager and shim injection of a GPU worker; None on the CPU."""
+    if device.kind != "gpu":
+        return None
+    try:
+        shim = shim_paths(settings.shim_dir)
+    except ShimUnavailable as exc:
+        log.warning("%s: instances on %s run without the kernel-token shim", exc, device.uuid)
+        return None
+    control = GpuControl(device=device, shim=shim, run_dir=settings.home / "run",
+                         capacity_per_s=settings.token_capacity, fake_ns_per_block=settings.fake_ns_per_block)
+    control.start()
+    return control
+
+
 def _make_agents(settings: WorkerSettings, store, url_for=None) -> list[WorkerAgent]:  # noqa: ANN001
     backend = create_backend(settings)
     agents = []
-    for position, device in enumerate(discover_devices(settings.gpus)):
+    for position, device in enumerate(discover_devices(settings.gpus, settings.fake_gpus)):
         info = WorkerInfo(id=worker_id(device, settings.worker_name), host=socket.gethostname(),
                           url=url_for(position) if url_for else None, device=device)
         agents.append(WorkerAgent(
             info=info, backend=backend, store=store, logs_dir=settings.logs_dir,
             heartbeat_s=settings.heartbeat_s, worker_ttl_s=settings.worker_ttl_s,
             health_poll_s=settings.health_poll_s, stop_grace_s=settings.stop_grace_s,
-            startup_timeout_s=settings.startup_timeout_s))
+            startup_timeout_s=settings.startup_timeout_s, gpu=_gpu_control(settings, device)))
     return agents
 
 
@@ -151,7 +168,7 @@ async def run_controller(settings: ControllerSettings) -> None:
 
 async def run_worker(settings: WorkerSettings, on_ready: OnReady | None = None) -> None:
     """One agent per device, each with its HTTP API on ``port``, ``port + 1``, ..."""
-    devices = len(discover_devices(settings.gpus))
+    devices = len(discover_devices(settings.gpus, settings.fake_gpus))
     socks = [listen(settings.host, settings.port + i) for i in range(devices)]
     store = create_store(settings)
     agents = _make_agents(settings, store, url_for=lambda i: f"http://{settings.host}:{settings.port + i}")

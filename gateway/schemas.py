@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 
 class DeployRequest(BaseModel):
@@ -14,6 +14,19 @@ class DeployRequest(BaseModel):
     yaml: str | None = Field(None, description="model.yaml text")
     spec: dict[str, Any] | None = Field(None, description="The spec as JSON, instead of yaml")
     source_dir: str = Field(..., description="Absolute folder the handler module is resolved in")
+
+
+class SliceUpdate(BaseModel):
+    """A new compute slice for every instance of a function (vertical scaling)."""
+
+    sm_request: float = Field(..., gt=0, le=1)
+    sm_limit: float = Field(..., gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _request_within_limit(self) -> "SliceUpdate":
+        if self.sm_request > self.sm_limit:
+            raise ValueError("sm_request must be <= sm_limit")
+        return self
 
 
 class InstancePublic(BaseModel):
@@ -26,6 +39,9 @@ class InstancePublic(BaseModel):
     created_at: datetime
     ready_at: datetime | None
     ended_at: datetime | None
+    sm_request: float | None = None
+    sm_limit: float | None = None
+    telemetry: dict[str, Any] | None = Field(None, description="Token-manager view, on GPU workers")
 
 
 class FunctionPublic(BaseModel):

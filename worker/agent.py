@@ -73,8 +73,9 @@ class WorkerAgent:
 
     def __init__(self, *, info: WorkerInfo, backend: RuntimeBackend, store: StateStore, logs_dir: Path,
                  heartbeat_s: float = 1.0, worker_ttl_s: float = 5.0, health_poll_s: float = 0.1,
-                 stop_grace_s: float = 5.0, startup_timeout_s: float = 300.0) -> None:
+                 stop_grace_s: float = 5.0, startup_timeout_s: float = 300.0, gpu=None) -> None:  # noqa: ANN001
         self.info = info
+        self._gpu = gpu  # GpuControl on GPU workers: token manager and shim injection
         self._backend = backend
         self._store = store
         self._logs_dir = logs_dir
@@ -97,7 +98,9 @@ class WorkerAgent:
         record = _Instance(request=request, running=None)
         self._instances[request.instance_id] = record
         try:
-            record.running = await self._backend.start(request, self.info.device, self.log_path(request.instance_id))
+            extra_env = self._gpu.admit(request) if self._gpu is not None else None
+            record.running = await self._backend.start(request, self.info.device,
+                                                       self.log_path(request.instance_id), extra_env)
         except RuntimeError as exc:
             self._end(record, FAILED, str(exc))
         log.info("instance %s of %s starting at %s", request.instance_id, request.function,
@@ -120,6 +123,17 @@ class WorkerAgent:
     async def list_instances(self) -> list[InstanceStatus]:
         return [record.status() for record in self._instances.values()]
 
+    async def set_slice(self, instance_id: str, sm_request: float, sm_limit: float) -> bool:
+        """Resizes a running instance's compute slice (effective within two token periods)."""
+        record = self._instances.get(instance_id)
+        if record is None or self._gpu is None or record.state not in (STARTING, READY):
+            return False
+        self._gpu.set_slice(instance_id, record.request.spec.get("class", "latency"), sm_request, sm_limit)
+        return True
+
+    def telemetry(self) -> dict:
+        return self._gpu.telemetry() if self._gpu is not None else {}
+
     async def read_logs(self, instance_id: str, tail: int = 200) -> str:
         return read_log_tail(self.log_path(instance_id), tail)
 
@@ -131,6 +145,8 @@ class WorkerAgent:
             if loop.time() - last_beat >= self._heartbeat_s:
                 try:
                     await self._store.heartbeat(self.info, self._ttl_s)
+                    if self._gpu is not None:
+                        await self._store.report_telemetry(self.info.id, self.telemetry(), self._ttl_s)
                     last_beat = loop.time()
                 except Exception:
                     log.exception("heartbeat failed")
@@ -174,6 +190,8 @@ class WorkerAgent:
 
     def _end(self, record: _Instance, state: str, error: str | None) -> None:
         record.state, record.error, record.ended_at = state, error, time.monotonic()
+        if self._gpu is not None:
+            self._gpu.release(record.request.instance_id)
 
     async def _changed(self, record: _Instance) -> None:
         try:
@@ -187,3 +205,5 @@ class WorkerAgent:
         await asyncio.gather(*(self.stop_instance(iid) for iid in list(self._instances)),
                              return_exceptions=True)
         await self._http.aclose()
+        if self._gpu is not None:
+            self._gpu.stop()

@@ -35,6 +35,15 @@ def create_worker_api(agent) -> FastAPI:  # noqa: ANN001 - WorkerAgent
     async def logs(instance_id: str, tail: int = Query(200, ge=0, le=100_000)) -> str:
         return await agent.read_logs(instance_id, tail)
 
+    @app.put("/v1/instances/{instance_id}/slice")
+    async def set_slice(instance_id: str, body: dict[str, float]) -> dict[str, bool]:
+        applied = await agent.set_slice(instance_id, float(body["sm_request"]), float(body["sm_limit"]))
+        return {"applied": applied}
+
+    @app.get("/v1/telemetry")
+    async def telemetry() -> dict[str, Any]:
+        return agent.telemetry()
+
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
         return {"status": "ok", "worker": agent.info.id}

@@ -26,6 +26,9 @@ class WorkerClient(Protocol):
     async def read_logs(self, instance_id: str, tail: int = 200) -> str:
         """The last ``tail`` lines of the instance's log ('' if none)."""
 
+    async def set_slice(self, instance_id: str, sm_request: float, sm_limit: float) -> bool:
+        """Resizes a running GPU instance's compute slice; False if it is not running there."""
+
 
 class InProcessWorkerClient:
     """For `dilu up`: calls the agent directly."""
@@ -44,6 +47,9 @@ class InProcessWorkerClient:
 
     async def read_logs(self, instance_id: str, tail: int = 200) -> str:
         return await self._agent.read_logs(instance_id, tail)
+
+    async def set_slice(self, instance_id: str, sm_request: float, sm_limit: float) -> bool:
+        return await self._agent.set_slice(instance_id, sm_request, sm_limit)
 
 
 class HttpWorkerClient:
@@ -77,6 +83,11 @@ class HttpWorkerClient:
     async def read_logs(self, instance_id: str, tail: int = 200) -> str:
         response = await self._call("GET", f"/v1/instances/{instance_id}/logs", params={"tail": tail})
         return response.text
+
+    async def set_slice(self, instance_id: str, sm_request: float, sm_limit: float) -> bool:
+        response = await self._call("PUT", f"/v1/instances/{instance_id}/slice",
+                                    json={"sm_request": sm_request, "sm_limit": sm_limit})
+        return bool(response.json()["applied"])
 
 
 class WorkerDirectory:

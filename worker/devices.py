@@ -43,9 +43,16 @@ def discover_gpus() -> list[DeviceInfo]:
         pynvml.nvmlShutdown()
 
 
-def discover_devices(gpus: str | None = None) -> list[DeviceInfo]:
-    """One device per GPU, or the CPU alone; ``gpus='none'`` forces the CPU."""
-    found = [] if gpus == "none" else discover_gpus()
+def fake_gpus(count: int) -> list[DeviceInfo]:
+    """Simulated GPUs: the real shim in front of shim/'s fake driver."""
+    return [DeviceInfo(kind="gpu", uuid=f"GPU-fake-{index}", name="Dilu fake GPU", memory_bytes=16 * 2**30,
+                       index=index, fake=True) for index in range(count)]
+
+
+def discover_devices(gpus: str | None = None, fake: int = 0) -> list[DeviceInfo]:
+    """One device per GPU (plus ``fake`` simulated ones), or the CPU alone; ``gpus='none'``
+    ignores real GPUs."""
+    found = ([] if gpus == "none" else discover_gpus()) + fake_gpus(fake)
     return found or [cpu_device()]
 
 

@@ -287,6 +287,22 @@ def rm(name: str) -> None:
 
 
 @app.command()
+def scale(
+    name: str,
+    sm_request: Annotated[float, typer.Option(help="Guaranteed compute share, 0-1")],
+    sm_limit: Annotated[float, typer.Option(help="Burst compute share, 0-1, >= --sm-request")],
+) -> None:
+    """Vertical scaling: resize the GPU compute slice of a function's running instances."""
+    try:
+        _client().json("PATCH", f"/v1/functions/{name}/slice",
+                       json={"sm_request": sm_request, "sm_limit": sm_limit})
+    except CliError as exc:
+        _fail(str(exc))
+    out.print(f"{name}: compute slice request {sm_request:g}, limit {sm_limit:g} "
+              "(running instances resize within milliseconds)", highlight=False)
+
+
+@app.command()
 def events(name: str, limit: Annotated[int, typer.Option()] = 50) -> None:
     """Scaling decisions for a function, with their reasons."""
     try:

@@ -223,6 +223,7 @@ class Reconciler:
             for row in old:
                 await self._stop(row, f"replaced by version {function.version}")
 
+        await self._resize(function, current, live)
         spec = function.spec
         last_request = activity.last_request_at
         became_ready = function.updated_at.timestamp() if function.status == "ready" else None
@@ -244,6 +245,28 @@ class Reconciler:
             victims = victims[: len(current) - decision.desired]
             for row in victims:
                 await self._stop(row, decision.reason)
+
+    async def _resize(self, function: FunctionRow, current: list[InstanceRow], live: Sequence[WorkerInfo]) -> None:
+        """Pushes a changed pinned slice to running instances (vertical scaling, no restart)."""
+        resources = function.spec["resources"]
+        wanted = (resources.get("sm_request"), resources.get("sm_limit"))
+        if wanted[0] is None or wanted[1] is None:
+            return
+        urls = {info.id: info.url for info in live}
+        for row in current:
+            if (row.sm_request, row.sm_limit) == wanted or row.worker_id not in urls:
+                continue
+            client = self._directory.client_for(row.worker_id, urls[row.worker_id])
+            try:
+                applied = client is not None and await client.set_slice(row.id, wanted[0], wanted[1])
+            except WorkerUnavailable as exc:
+                log.warning("resizing %s failed: %s", row.id, exc)
+                continue
+            if applied:
+                await self._call_db(repo.update_instance, instance_id=row.id, sm_request=wanted[0],
+                                    sm_limit=wanted[1])
+                await self._event(function.name, "resize",
+                                  f"{row.id} slice -> request {wanted[0]:g}, limit {wanted[1]:g}", row.id)
 
     async def _start(self, function: FunctionRow, live: Sequence[WorkerInfo], snapshot: _Snapshot,
                      reason: str) -> bool:

@@ -32,6 +32,18 @@ def upsert_function(*, session: Session, spec: dict, source_dir: str) -> tuple[F
     return row, created
 
 
+def set_function_slice(*, session: Session, name: str, sm_request: float, sm_limit: float) -> FunctionRow | None:
+    """Pins the compute slice of a function in place (vertical scaling: no new version)."""
+    row = session.get(FunctionRow, name)
+    if row is None:
+        return None
+    spec = dict(row.spec)
+    spec["resources"] = {**spec["resources"], "sm_request": sm_request, "sm_limit": sm_limit}
+    row.spec = spec  # a new object, so the JSON column is written
+    session.commit()
+    return row
+
+
 def get_function(*, session: Session, name: str) -> FunctionRow | None:
     return session.get(FunctionRow, name)
 

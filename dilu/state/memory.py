@@ -19,6 +19,7 @@ class MemoryStore:
         self._snapshots: dict[str, tuple[dict[str, dict[str, Any]], float]] = {}
         self._counts: dict[str, dict[int, int]] = {}
         self._routes: dict[str, list[Endpoint]] = {}
+        self._telemetry: dict[str, tuple[dict[str, dict[str, Any]], float]] = {}
         self._subscribers: dict[str, set[asyncio.Queue]] = {}
 
     async def heartbeat(self, info: WorkerInfo, ttl_s: float) -> None:
@@ -43,6 +44,17 @@ class MemoryStore:
         now = self._clock()
         live = [snapshot for snapshot, expires in self._snapshots.values() if expires > now]
         return merge_activity(live, self._counts)
+
+    async def report_telemetry(self, worker_id: str, instances: dict[str, dict[str, Any]], ttl_s: float) -> None:
+        self._telemetry[worker_id] = (dict(instances), self._clock() + ttl_s)
+
+    async def telemetry(self) -> dict[str, dict[str, Any]]:
+        now = self._clock()
+        merged: dict[str, dict[str, Any]] = {}
+        for instances, expires in self._telemetry.values():
+            if expires > now:
+                merged.update(instances)
+        return merged
 
     async def set_routes(self, function: str, endpoints: list[Endpoint]) -> None:
         if endpoints:

@@ -61,6 +61,17 @@ class RedisStore:
             counts[key[len(prefix):]] = {int(s): int(c) for s, c in raw.items() if int(s) >= horizon}
         return merge_activity(snapshots, counts)
 
+    async def report_telemetry(self, worker_id: str, instances: dict[str, dict[str, Any]], ttl_s: float) -> None:
+        await self._redis.set(self._key("telemetry", worker_id), json.dumps(instances), px=int(ttl_s * 1000))
+
+    async def telemetry(self) -> dict[str, dict[str, Any]]:
+        keys = [k async for k in self._redis.scan_iter(match=self._key("telemetry", "*"), count=500)]
+        merged: dict[str, dict[str, Any]] = {}
+        for value in (await self._redis.mget(keys) if keys else []):
+            if value:
+                merged.update(json.loads(value))
+        return merged
+
     async def set_routes(self, function: str, endpoints: list[Endpoint]) -> None:
         key = self._key("routes")
         if endpoints:

@@ -15,7 +15,7 @@ from dilu.spec import ClusterDefaults, SpecError, make_spec, spec_from_dict, spe
 from dilu.state.base import Channel
 from gateway.deps import ServicesDep, SessionDep
 from gateway.routing import RoutingTable
-from gateway.schemas import DeployRequest, EventPublic, FunctionPublic, InstancePublic
+from gateway.schemas import DeployRequest, EventPublic, FunctionPublic, InstancePublic, SliceUpdate
 
 router = APIRouter(prefix="/v1/functions", tags=["functions"])
 
@@ -99,13 +99,36 @@ async def delete_function(name: str, services: ServicesDep) -> dict[str, str]:
 
 
 @router.get("/{name}/instances", response_model=list[InstancePublic])
-def list_instances(name: str, session: SessionDep,
-                   all: bool = Query(False, description="Include ended instances")) -> list[InstancePublic]:
-    _existing(session, name)
-    rows = repo.list_instances(session=session, function=name, active_only=not all)
+async def list_instances(name: str, services: ServicesDep,
+                         all: bool = Query(False, description="Include ended instances")) -> list[InstancePublic]:
+    def read():  # noqa: ANN202
+        with services.sessions() as session:
+            _existing(session, name)
+            return repo.list_instances(session=session, function=name, active_only=not all)
+
+    rows = await asyncio.to_thread(read)
+    telemetry = await services.store.telemetry()
     return [InstancePublic(id=r.id, worker_id=r.worker_id, version=r.function_version, state=r.state,
                            endpoint=r.endpoint, error=r.error, created_at=r.created_at, ready_at=r.ready_at,
-                           ended_at=r.ended_at) for r in rows]
+                           ended_at=r.ended_at, sm_request=r.sm_request, sm_limit=r.sm_limit,
+                           telemetry=telemetry.get(r.id)) for r in rows]
+
+
+@router.patch("/{name}/slice", response_model=FunctionPublic)
+async def set_slice(name: str, body: SliceUpdate, request: Request, services: ServicesDep) -> FunctionPublic:
+    """Vertical scaling: pins a new compute slice; running instances are resized in place."""
+
+    def write() -> FunctionPublic:
+        with services.sessions() as session:
+            row = repo.set_function_slice(session=session, name=name, sm_request=body.sm_request,
+                                          sm_limit=body.sm_limit)
+            if row is None:
+                raise HTTPException(404, f"function {name!r} not found")
+            return to_public(row, session, _base_url(request), services.routing)
+
+    public = await asyncio.to_thread(write)
+    await services.store.publish(Channel.FUNCTIONS, {"function": name})
+    return public
 
 
 @router.get("/{name}/events", response_model=list[EventPublic])

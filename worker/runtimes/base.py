@@ -19,9 +19,11 @@ class RunningInstance:
 
 
 class RuntimeBackend(Protocol):
-    async def start(self, request: StartInstance, device: DeviceInfo, log_path: Path) -> RunningInstance:
-        """Starts the instance's runtime server; returns once it is spawned (not yet ready).
-        Raises RuntimeError with a user-readable message if it cannot be spawned."""
+    async def start(self, request: StartInstance, device: DeviceInfo, log_path: Path,
+                    extra_env: dict[str, str] | None = None) -> RunningInstance:
+        """Starts the instance's runtime server with ``extra_env`` added (the shim's injection);
+        returns once it is spawned (not yet ready). Raises RuntimeError with a user-readable
+        message if it cannot be spawned."""
 
     def exit_code(self, running: RunningInstance) -> int | None:
         """The exit status once it has ended (negative: killed by that signal), else None."""

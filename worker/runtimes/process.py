@@ -42,9 +42,16 @@ class ProcessBackend:
         self._host = host
         self._base_env = dict(os.environ if base_env is None else base_env)
 
-    def instance_env(self, request: StartInstance, device: DeviceInfo, config_path: Path, fd: int) -> dict[str, str]:
+    def instance_env(self, request: StartInstance, device: DeviceInfo, config_path: Path, fd: int,
+                     extra_env: dict[str, str] | None = None) -> dict[str, str]:
         env = dict(self._base_env)
         env.update(request.spec.get("env") or {})
+        for key, value in (extra_env or {}).items():
+            # Search paths are prepended to what the worker had, not replacing it.
+            if key in ("LD_LIBRARY_PATH", "LD_PRELOAD") and env.get(key):
+                separator = ":" if key == "LD_LIBRARY_PATH" else " "
+                value = f"{value}{separator}{env[key]}"
+            env[key] = value
         env.update({
             "DILU_INSTANCE_CONFIG": str(config_path),
             "DILU_LISTEN_FD": str(fd),
@@ -57,7 +64,8 @@ class ProcessBackend:
         })
         return env
 
-    async def start(self, request: StartInstance, device: DeviceInfo, log_path: Path) -> RunningInstance:
+    async def start(self, request: StartInstance, device: DeviceInfo, log_path: Path,
+                    extra_env: dict[str, str] | None = None) -> RunningInstance:
         spec = request.spec
         config = InstanceConfig(
             instance_id=request.instance_id, function=request.function, handler=spec["handler"],
@@ -79,7 +87,7 @@ class ProcessBackend:
             with open(log_path, "ab") as log:
                 process = subprocess.Popen(
                     [self._python, "-m", "worker.runtime"],
-                    env=self.instance_env(request, device, config_path, listener.fileno()),
+                    env=self.instance_env(request, device, config_path, listener.fileno(), extra_env),
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     pass_fds=(listener.fileno(),), start_new_session=True,
                     preexec_fn=_die_with_parent, cwd=request.source_dir,

@@ -1,0 +1,82 @@
+"""Vertical scaling end to end on a simulated GPU: gateway, instance, shim, token manager, policy."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.shim_harness import build_shim
+from tests.waiting import eventually
+
+EXAMPLE = ROOT / "examples" / "synthetic-gpu"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _built() -> None:
+    build_shim()
+
+
+def training_share(platform) -> float:  # noqa: ANN001
+    share = platform.invoke("synthetic-training", {}).json()["share"]
+    return share if share is not None else -1.0
+
+
+def test_latency_burst_squeezes_batch_work_and_its_end_gives_the_share_back(start_platform) -> None:
+    platform = start_platform(env={"DILU_FAKE_GPUS": "1", "DILU_GPUS": "none"})
+    for spec in ("training.yaml", "latency.yaml"):
+        result = platform.cli("deploy", str(EXAMPLE / spec))
+        assert result.returncode == 0, result.stderr
+    status = platform.http.get("/v1/status").json()
+    assert [w["device"] for w in status["workers"]] == ["gpu"]
+
+    alone = eventually(lambda: (s := training_share(platform)) > 0.6 and s, timeout=60,
+                       what="the training loop to run at its limit")
+    shares: list[float] = []
+    latencies: list[float] = []
+    stop = threading.Event()
+
+    def burst() -> None:
+        while not stop.is_set():
+            reply = platform.invoke("synthetic-latency", {})
+            assert reply.status_code == 200, reply.text
+            latencies.append(reply.json()["ms"])
+            time.sleep(0.05)  # the gap between requests
+
+    sender = threading.Thread(target=burst)
+    sender.start()
+    try:
+        eventually(lambda: len(latencies) >= 5, timeout=60, what="latency requests to run")
+        for _ in range(10):
+            shares.append(training_share(platform))
+            time.sleep(0.2)  # sampling the training loop's progress during the burst
+    finally:
+        stop.set()
+        sender.join()
+    assert max(shares) < 0.75 * alone, f"batch work kept {shares} of the GPU beside a latency burst (alone {alone})"
+    telemetry = platform.instances("synthetic-training")[0]["telemetry"]
+    assert telemetry is not None and telemetry["granted_share"] > 0
+
+    eventually(lambda: training_share(platform) > 0.6, timeout=30,
+               what="the training loop to get its share back after the burst")
+    # The platform recorded the squeeze: the token manager's view of the latency instance has KLCs.
+    latency_view = platform.instances("synthetic-latency")[0]["telemetry"]
+    assert latency_view["klc_ms"] is not None and latency_view["launches"] > 0
+
+
+def test_dilu_scale_resizes_running_instances(start_platform) -> None:
+    platform = start_platform(env={"DILU_FAKE_GPUS": "1", "DILU_GPUS": "none"})
+    assert platform.cli("deploy", str(EXAMPLE / "training.yaml")).returncode == 0
+    eventually(lambda: training_share(platform) > 0.6, timeout=60, what="the training loop at its limit")
+    before = platform.instances("synthetic-training")[0]["id"]
+    scaled = platform.cli("scale", "synthetic-training", "--sm-request", "0.2", "--sm-limit", "0.3")
+    assert scaled.returncode == 0, scaled.stderr
+    eventually(lambda: 0 < training_share(platform) < 0.36, timeout=30, what="the new slice to bite")
+    (instance,) = platform.instances("synthetic-training")
+    assert instance["id"] == before, "resized in place, not restarted"
+    assert (instance["sm_request"], instance["sm_limit"]) == (0.2, 0.3)
+    assert any(e["action"] == "resize" for e in platform.http.get("/v1/functions/synthetic-training/events").json())
+    bad = platform.cli("scale", "synthetic-training", "--sm-request", "0.9", "--sm-limit", "0.3")
+    assert bad.returncode == 1 and "sm_request must be <= sm_limit" in bad.stderr

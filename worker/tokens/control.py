@@ -1,0 +1,79 @@
+"""Vertical control of one GPU worker: its token manager and what each instance is injected with."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from dilu.messages import DeviceInfo, StartInstance
+from worker.shimlib import ShimPaths
+from worker.tokens.manager import TokenManager, socket_path_for
+
+log = logging.getLogger(__name__)
+# Until the profiler sets them, an unpinned slice guarantees a quarter and may burst to all.
+DEFAULT_SM_REQUEST = 0.25
+DEFAULT_SM_LIMIT = 1.0
+UNCALIBRATED_CAPACITY = 1e7
+
+
+def slice_of(request: StartInstance) -> tuple[str, float, float]:
+    """(class, sm_request, sm_limit) of an instance, with the defaults filled in."""
+    spec = request.spec
+    limit = request.sm_limit if request.sm_limit is not None else DEFAULT_SM_LIMIT
+    wanted = request.sm_request if request.sm_request is not None else DEFAULT_SM_REQUEST
+    return spec.get("class", "latency"), min(wanted, limit), limit
+
+
+class GpuControl:
+    """Owns the GPU's token manager; tells the runtime what to inject into each instance."""
+
+    def __init__(self, *, device: DeviceInfo, shim: ShimPaths, run_dir: Path,
+                 capacity_per_s: float | None, fake_ns_per_block: int) -> None:
+        self.device = device
+        self.shim = shim
+        self.fake_ns_per_block = fake_ns_per_block
+        self.clock_file = run_dir / f"{device.uuid}.clock"
+        if device.fake:
+            capacity_per_s = 1e9 / fake_ns_per_block
+        elif capacity_per_s is None:
+            log.warning("DILU_TOKEN_CAPACITY is not set for %s: compute shares are approximate until it is "
+                        "calibrated (bench/gpu_check.sh prints it)", device.uuid)
+            capacity_per_s = UNCALIBRATED_CAPACITY
+        self.manager = TokenManager(gpu_uuid=device.uuid or f"gpu{device.index}",
+                                    socket_path=socket_path_for(run_dir, device.uuid or "gpu"),
+                                    capacity_per_s=capacity_per_s)
+
+    def start(self) -> None:
+        self.clock_file.parent.mkdir(parents=True, exist_ok=True)
+        self.manager.start()
+
+    def stop(self) -> None:
+        self.manager.stop()
+
+    def admit(self, request: StartInstance) -> dict[str, str]:
+        """Registers the instance's slice and returns the environment that injects the shim."""
+        cls, sm_request, sm_limit = slice_of(request)
+        self.manager.set_slice(request.instance_id, cls, sm_request, sm_limit)
+        env = {
+            "LD_PRELOAD": str(self.shim.shim),
+            "DILU_TOKEN_SOCKET": str(self.manager.socket_path),
+            "DILU_MEMORY_LIMIT": str(request.memory_bytes),
+        }
+        if self.device.fake:
+            env.update({
+                "LD_LIBRARY_PATH": str(self.shim.fake_driver_dir),
+                "DILU_FAKE_CLOCK": str(self.clock_file),
+                "DILU_FAKE_NS_PER_BLOCK": str(self.fake_ns_per_block),
+                "DILU_FAKE_MEMORY": str(self.device.memory_bytes),
+            })
+        return env
+
+    def release(self, instance_id: str) -> None:
+        self.manager.remove_slice(instance_id)
+
+    def set_slice(self, instance_id: str, cls: str, sm_request: float, sm_limit: float) -> None:
+        self.manager.set_slice(instance_id, cls, min(sm_request, sm_limit), sm_limit)
+
+    def telemetry(self) -> dict[str, Any]:
+        return self.manager.telemetry()
