@@ -3,9 +3,14 @@
  *
  * The manager creates one region per GPU (a memfd handed to each shim over the registration
  * socket with SCM_RIGHTS). Every field has exactly one writer, so neither side needs a lock:
- *   header.heartbeat_ns, header.refill_gen, slot.granted, slot.pid, slot.gen: the manager;
+ *   header.heartbeat_ns, header.refill_gen, slot.granted, .granted_at_ns, .rate_per_s, .pid,
+ *   .gen: the manager;
  *   slot.consumed, slot.launches, slot.blocked_ns, slot.mem_used: the shim (atomic adds).
- * A launch may proceed while consumed <= granted (both cumulative token counts).
+ * Tokens accrue continuously: at time t an instance may have consumed up to
+ *   granted + rate_per_s * (t - granted_at_ns) / 1e9
+ * The manager rebases (granted, granted_at_ns, rate_per_s) every period, capping what an idle
+ * instance can bank at one period's worth. The launch fast path only compares consumed with
+ * granted; the clock is read only when that credit is used up.
  * The Python side (worker/tokens/region.py) mirrors these offsets; bump DILU_SHM_ABI on change.
  */
 #ifndef DILU_SHM_H
@@ -14,7 +19,7 @@
 #include <stdint.h>
 
 #define DILU_SHM_MAGIC 0x554c4944u /* "DILU" little-endian */
-#define DILU_SHM_ABI 1u
+#define DILU_SHM_ABI 2u
 #define DILU_SHM_MAX_SLOTS 64u
 
 struct dilu_shm_header {
@@ -31,12 +36,13 @@ struct dilu_shm_header {
 struct dilu_slot {
     int32_t pid;
     uint32_t gen;
-    int64_t granted;     /* cumulative tokens the instance may consume */
+    int64_t granted;     /* cumulative tokens the instance could consume at granted_at_ns */
     int64_t consumed;    /* cumulative tokens charged by launches (may exceed granted: waiting) */
     int64_t launches;
     int64_t blocked_ns;  /* time launches spent waiting for tokens */
     int64_t mem_used;    /* bytes allocated through the shim */
-    uint8_t pad[16];
+    int64_t rate_per_s;  /* tokens accruing per second (the share x the GPU's capacity) */
+    int64_t granted_at_ns;
 };
 
 _Static_assert(sizeof(struct dilu_shm_header) == 64, "header is one cache line");

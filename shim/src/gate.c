@@ -178,23 +178,41 @@ static void ensure_registered(int state) {
     pthread_mutex_unlock(&register_lock);
 }
 
+/* The credit at `now`: what was granted at the last rebase plus what has accrued since. */
+static int64_t allowed_at(const struct dilu_slot *slot, int64_t now) {
+    int64_t base = __atomic_load_n(&slot->granted, __ATOMIC_ACQUIRE);
+    int64_t since = __atomic_load_n(&slot->granted_at_ns, __ATOMIC_ACQUIRE);
+    int64_t rate = __atomic_load_n(&slot->rate_per_s, __ATOMIC_ACQUIRE);
+    int64_t elapsed = now > since ? now - since : 0;
+    return base + (int64_t)((__int128)rate * elapsed / 1000000000);
+}
+
 static void wait_for_tokens(struct dilu_slot *slot, int64_t position) {
     struct dilu_shm_header *header = gate.header;
-    int64_t started = now_ns();
+    int64_t started = now_ns(), now = started;
     for (;;) {
         uint32_t generation = __atomic_load_n(&header->refill_gen, __ATOMIC_ACQUIRE);
-        if (position <= __atomic_load_n(&slot->granted, __ATOMIC_ACQUIRE)) {
+        now = now_ns();
+        int64_t allowed = allowed_at(slot, now);
+        if (position <= allowed) {
             break;
         }
-        int64_t now = now_ns();
         if (now - __atomic_load_n(&header->heartbeat_ns, __ATOMIC_ACQUIRE) > shim_cfg.stale_ns) {
             open_gate("token manager stopped answering");
             break;
         }
-        struct timespec timeout = {.tv_sec = 0, .tv_nsec = 2000000}; /* 2 ms poll, as a floor */
+        /* Sleep until enough tokens should have accrued (at most 2 ms); a refill or a slice
+         * change wakes the futex earlier. */
+        int64_t rate = __atomic_load_n(&slot->rate_per_s, __ATOMIC_ACQUIRE);
+        int64_t wait_ns = rate > 0 ? (int64_t)((__int128)(position - allowed) * 1000000000 / rate) : 2000000;
+        if (wait_ns > 2000000) wait_ns = 2000000;
+        if (wait_ns < 10000) wait_ns = 10000;
+        struct timespec timeout = {.tv_sec = 0, .tv_nsec = wait_ns};
         syscall(SYS_futex, &header->refill_gen, FUTEX_WAIT, generation, &timeout, NULL, 0);
     }
-    __atomic_fetch_add(&slot->blocked_ns, now_ns() - started, __ATOMIC_RELAXED);
+    if (now > started) {
+        __atomic_fetch_add(&slot->blocked_ns, now - started, __ATOMIC_RELAXED);
+    }
 }
 
 void gate_charge(int64_t cost) {
@@ -204,7 +222,7 @@ void gate_charge(int64_t cost) {
         int64_t position = __atomic_add_fetch(&slot->consumed, cost, __ATOMIC_ACQ_REL);
         __atomic_fetch_add(&slot->launches, 1, __ATOMIC_RELAXED);
         if (position > __atomic_load_n(&slot->granted, __ATOMIC_ACQUIRE)) {
-            wait_for_tokens(slot, position);
+            wait_for_tokens(slot, position); /* the slow path: only now is the clock read */
         }
         return;
     }

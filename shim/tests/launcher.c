@@ -5,6 +5,7 @@
  *
  *   launcher count N BLOCKS            N launches as fast as possible (ns per launch)
  *   launcher run SECONDS BLOCKS SYNC   launch for SECONDS, synchronising every SYNC launches
+ *   launcher trace SECONDS BLOCKS MS   launch for SECONDS, printing (time, cumulative device ns) every MS
  */
 #define __CUDA_API_VERSION_INTERNAL 1
 #include <cuda.h>
@@ -38,7 +39,7 @@ static void *get(gpa_fn gpa, const char *name, int version) {
 
 int main(int argc, char **argv) {
     if (argc < 4) {
-        fprintf(stderr, "usage: launcher count N BLOCKS | launcher run SECONDS BLOCKS SYNC\n");
+        fprintf(stderr, "usage: launcher count N BLOCKS | run SECONDS BLOCKS SYNC | trace SECONDS BLOCKS MS\n");
         return 2;
     }
     void *driver = dlopen("libcuda.so.1", RTLD_NOW);
@@ -61,6 +62,19 @@ int main(int argc, char **argv) {
             launch(kernel, blocks, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL);
         }
         launches = n;
+        elapsed = now_s() - started;
+    } else if (strcmp(argv[1], "trace") == 0) {
+        double seconds = atof(argv[2]), tick = atof(argv[4]) / 1000.0;
+        double next_sample = started;
+        while (now_s() - started < seconds) {
+            launch(kernel, blocks, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL);
+            launches++;
+            double now = now_s();
+            if (now >= next_sample) {
+                printf("{\"t\": %.6f, \"device_ns\": %lld}\n", now, device_ns ? *device_ns : 0LL);
+                next_sample = now + tick;
+            }
+        }
         elapsed = now_s() - started;
     } else {
         double seconds = atof(argv[2]);

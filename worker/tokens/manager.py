@@ -25,10 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from dilu.policy.vertical import InstanceSlice, VerticalContext, VerticalParams, VerticalState, allocate
-from worker.tokens.region import ABI, MAX_SLOTS, Region
+from worker.tokens.region import ABI, MAX_SLOTS, Region, allowed_at, rebase
 
 log = logging.getLogger(__name__)
 TELEMETRY_WINDOW_PERIODS = 200
+# Budgets add up to slightly less than the device can run, so its queue drains instead of
+# backing up into launches (a saturated queue blocks launches unevenly and skews the shares).
+HEADROOM = 0.02
 
 
 @dataclass
@@ -80,7 +83,7 @@ class TokenManager:
                 slot = self._region.slots[client.slot]
                 window = len(client.deltas) or 1
                 klc = self._state.klc.get(client.instance_id)
-                waiting = slot.consumed > slot.granted
+                waiting = slot.consumed > allowed_at(slot, time.monotonic_ns())
                 recent = client.instance_id in self._state.last_active and \
                     time.monotonic() - self._state.last_active[client.instance_id] < 0.1
                 entry = result.setdefault(client.instance_id, {
@@ -158,7 +161,7 @@ class TokenManager:
                 delta = consumed - client.last_consumed
                 client.last_consumed = consumed
                 client.deltas.append(max(0, delta))
-                if delta > 0 or consumed > slot.granted:
+                if delta > 0 or consumed > allowed_at(slot, time.monotonic_ns()):
                     active.add(client.instance_id)
             instances = {c.instance_id for c in self._clients.values()}
             slices = tuple(self._slices.get(i) or InstanceSlice(i, "batch", 0.0, 1.0) for i in sorted(instances))
@@ -167,14 +170,11 @@ class TokenManager:
             for event in self._state.events:
                 self.events.append((now, event))
                 log.info("%s: %s (batch factor %.3f)", self.gpu_uuid, event, self._state.batch_factor)
-            per_period = self.capacity_per_s * self.params.period_s
+            now_ns = time.monotonic_ns()
             for client in self._clients.values():
-                slot = slots[client.slot]
-                budget = int(self._shares.get(client.instance_id, 0.0) * per_period)
-                consumed = slot.consumed
-                available = slot.granted - consumed
-                # A token bucket one period deep: idle instances cannot hoard, debts carry over.
-                slot.granted = consumed + min(available + budget, budget)
+                rate = int(self._shares.get(client.instance_id, 0.0) * self.capacity_per_s * (1 - HEADROOM))
+                # Idle instances bank at most one period of tokens; debts carry over.
+                rebase(slots[client.slot], now_ns, rate, int(rate * self.params.period_s))
             self.periods += 1
         self._region.refilled(time.monotonic_ns())
 
@@ -216,7 +216,10 @@ class TokenManager:
             if share is None:
                 known = self._slices.get(instance_id)
                 share = known.limit if known else 1.0
-            slot.granted = int(share * self.capacity_per_s * self.params.period_s)
+            rate = int(share * self.capacity_per_s * (1 - HEADROOM))
+            slot.granted_at_ns = time.monotonic_ns()
+            slot.granted = int(rate * self.params.period_s)
+            slot.rate_per_s = rate
             client = _Client(sock=conn, slot=free, pid=slot.pid, instance_id=instance_id, last_consumed=0)
             self._clients[free] = client
             generation = slot.gen

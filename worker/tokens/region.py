@@ -1,6 +1,7 @@
 """The shared-memory region of one GPU's token manager (mirror of shim/include/dilu_shm.h).
 
-The manager is the only writer of the header and of each slot's ``granted``/``pid``/``gen``;
+The manager is the only writer of the header and of each slot's ``granted``, ``granted_at_ns``,
+``rate_per_s``, ``pid`` and ``gen``;
 shims only add to ``consumed``, ``launches``, ``blocked_ns`` and ``mem_used``. Aligned 8-byte
 loads and stores are atomic on the platforms Dilu runs on, so no locks cross the boundary.
 """
@@ -13,7 +14,7 @@ import os
 import platform
 
 MAGIC = 0x554C4944
-ABI = 1
+ABI = 2
 MAX_SLOTS = 64
 _FUTEX_WAKE = 1
 _SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine(), 202)
@@ -29,7 +30,7 @@ class Header(ctypes.Structure):
 class Slot(ctypes.Structure):
     _fields_ = [("pid", ctypes.c_int32), ("gen", ctypes.c_uint32), ("granted", ctypes.c_int64),
                 ("consumed", ctypes.c_int64), ("launches", ctypes.c_int64), ("blocked_ns", ctypes.c_int64),
-                ("mem_used", ctypes.c_int64), ("pad", ctypes.c_uint8 * 16)]
+                ("mem_used", ctypes.c_int64), ("rate_per_s", ctypes.c_int64), ("granted_at_ns", ctypes.c_int64)]
 
 
 assert ctypes.sizeof(Header) == 64 and ctypes.sizeof(Slot) == 64
@@ -63,3 +64,19 @@ class Region:
         self.slots.clear()
         self._map.close()
         os.close(self.fd)
+
+
+def allowed_at(slot: Slot, now_ns: int) -> int:
+    """The slot's credit at ``now_ns``: the last rebase plus what has accrued since (as the shim sees it)."""
+    return slot.granted + slot.rate_per_s * max(0, now_ns - slot.granted_at_ns) // 1_000_000_000
+
+
+def rebase(slot: Slot, now_ns: int, rate_per_s: int, depth: int) -> None:
+    """Moves the accrual base to ``now_ns`` with a new rate; an idle slot banks at most ``depth``.
+
+    ``granted_at_ns`` is written before ``granted`` so a shim that reads between the two sees too
+    little credit for an instant, never too much."""
+    allowed = min(allowed_at(slot, now_ns), slot.consumed + depth)
+    slot.granted_at_ns = now_ns
+    slot.granted = allowed
+    slot.rate_per_s = rate_per_s
