@@ -89,10 +89,11 @@ class TokenManager:
                 entry = result.setdefault(client.instance_id, {
                     "granted_share": round(self._shares.get(client.instance_id, 0.0), 4),
                     "used_share": 0.0, "klc_ms": None, "stretch": None, "state": "idle",
-                    "launches": 0, "blocked_ms": 0.0, "memory_bytes": 0, "processes": 0,
+                    "launches": 0, "tokens": 0, "blocked_ms": 0.0, "memory_bytes": 0, "processes": 0,
                     "batch_factor": round(self._state.batch_factor, 4)})
                 entry["used_share"] = round(entry["used_share"] + sum(client.deltas) / (window * per_period), 4)
                 entry["launches"] += slot.launches
+                entry["tokens"] += slot.consumed
                 entry["blocked_ms"] = round(entry["blocked_ms"] + slot.blocked_ns / 1e6, 3)
                 entry["memory_bytes"] += slot.mem_used
                 entry["processes"] += 1

@@ -1,0 +1,174 @@
+"""The GPU proof: PyTorch workloads with and without the kernel-token shim (see gpu_check.sh).
+
+Prints, each measured side by side in this one run:
+- overhead: a matmul loop and a ResNet-style inference loop, without the shim and with the shim
+  gated at 100 % (unlimited tokens);
+- shares: two matmul processes at 30/70 (slices pinned), achieved = co-located it/s / alone it/s;
+- latency: a ResNet-18-style latency function's p50/p99 alone, beside a training loop without
+  control, and beside it with Dilu's control (latency 0.5/1.0, batch 0.5/1.0, KLC throttling).
+
+Token capacity (blocks per second of the whole GPU) is calibrated per workload from the shim's
+own counts with unlimited tokens; the value is printed (it is what DILU_TOKEN_CAPACITY wants).
+
+    python bench/gpu_check.py [--seconds 10] [--smoke]      (--smoke: tiny CPU run of the harness)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from worker.tokens.manager import TokenManager, socket_path_for  # noqa: E402
+
+SHIM = ROOT / "shim" / "build" / "libdilu_shim.so"
+WORKLOADS = ROOT / "bench" / "gpu_workloads.py"
+
+
+class Check:
+    def __init__(self, seconds: float, smoke: bool) -> None:
+        self.seconds = seconds
+        self.flags = ["--device", "cpu", "--small"] if smoke else []
+        self.tmp = Path(tempfile.mkdtemp(prefix="dilu-gpu-check-"))
+
+    def manager(self, capacity: float) -> TokenManager:
+        name = f"GPU-check-{time.monotonic_ns()}"
+        manager = TokenManager(gpu_uuid=name, socket_path=socket_path_for(self.tmp, name), capacity_per_s=capacity)
+        manager.start()
+        return manager
+
+    def start(self, workload: list[object], manager: TokenManager | None = None, instance: str = "-") -> subprocess.Popen:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "DILU_SHIM_LOG": "1"}
+        if manager is not None:
+            env.update({"LD_PRELOAD": str(SHIM), "DILU_TOKEN_SOCKET": str(manager.socket_path),
+                        "DILU_INSTANCE_ID": instance})
+        return subprocess.Popen([sys.executable, str(WORKLOADS), *map(str, workload), *self.flags], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    @staticmethod
+    def result(process: subprocess.Popen) -> dict:
+        stdout, stderr = process.communicate(timeout=900)
+        if process.returncode != 0:
+            raise RuntimeError(f"workload failed ({process.returncode}): {stderr[-2000:]}")
+        return json.loads(stdout.strip().splitlines()[-1])
+
+    def run(self, workload: list[object], manager: TokenManager | None = None, instance: str = "-") -> dict:
+        return self.result(self.start(workload, manager, instance))
+
+    def unlimited(self, workload: list[object]) -> tuple[dict, float]:
+        """Runs under the shim with unlimited tokens; returns the result and the token rate."""
+        manager = self.manager(1e15)
+        manager.set_slice("cal", "batch", 1.0, 1.0)
+        samples: list[tuple[float, int]] = []
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.is_set():
+                view = manager.telemetry().get("cal")
+                if view is not None:
+                    samples.append((time.monotonic(), view["tokens"]))
+                done.wait(0.25)
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        try:
+            result = self.run(workload, manager, "cal")
+        finally:
+            done.set()
+            sampler.join()
+            manager.stop()
+        # The middle half of the run: past the warm-up, before the end.
+        middle = samples[len(samples) // 4: max(len(samples) // 4 + 2, 3 * len(samples) // 4)]
+        rate = (middle[-1][1] - middle[0][1]) / (middle[-1][0] - middle[0][0]) if len(middle) >= 2 and \
+            middle[-1][0] > middle[0][0] else 0.0
+        return result, rate
+
+    # ---- the three checks ----
+    def overhead(self) -> dict[str, float]:
+        print("== overhead: without the shim vs with the shim at 100 % (alternating, 2 rounds)")
+        rates: dict[str, float] = {}
+        for workload in ("matmul", "resnet"):
+            plain, shimmed, tokens = [], [], []
+            for _ in range(2):
+                plain.append(self.run([workload, self.seconds])["per_s"])
+                result, rate = self.unlimited([workload, self.seconds])
+                shimmed.append(result["per_s"])
+                tokens.append(rate)
+            base, gated = statistics.median(plain), statistics.median(shimmed)
+            rates[workload] = statistics.median(tokens)
+            print(f"{workload:<8} without {base:10.2f} it/s   with shim {gated:10.2f} it/s   "
+                  f"overhead {100 * (1 - gated / base):6.2f} %   calibrated capacity {rates[workload]:,.0f} tokens/s")
+            rates[f"{workload}_alone"] = base
+        return rates
+
+    def shares(self, capacity: float, alone: float) -> None:
+        print("== shares: two matmul processes, slices pinned at 30/70")
+        manager = self.manager(capacity or 1.0)
+        try:
+            manager.set_slice("a", "batch", 0.3, 0.3)
+            manager.set_slice("b", "batch", 0.7, 0.7)
+            first = self.start(["matmul", self.seconds * 1.5], manager, "a")
+            second = self.start(["matmul", self.seconds * 1.5], manager, "b")
+            a, b = self.result(first), self.result(second)
+        finally:
+            manager.stop()
+        total = a["per_s"] + b["per_s"]
+        print(f"achieved (of alone {alone:.2f} it/s): {100 * a['per_s'] / alone:6.2f} % / {100 * b['per_s'] / alone:6.2f} %"
+              f"   split of the work done: {100 * a['per_s'] / total:6.2f} / {100 * b['per_s'] / total:6.2f}"
+              f"   (target 30 / 70; error {abs(100 * a['per_s'] / total - 30):.2f} pp)")
+
+    def latency(self) -> None:
+        print("== latency function beside a training loop")
+        requests = max(50, int(self.seconds * 30))
+        alone = self.run(["latency", requests, 20])
+        train_alone = self.run(["train", self.seconds])
+        _, train_rate = self.unlimited(["train", self.seconds])
+        training = self.start(["train", self.seconds * 2.5])
+        time.sleep(3)  # let the training loop warm up before the requests start
+        uncontrolled = self.run(["latency", requests, 20])
+        train_free = self.result(training)
+        manager = self.manager(train_rate or 1.0)
+        try:
+            manager.set_slice("lat", "latency", 0.5, 1.0)
+            manager.set_slice("train", "batch", 0.5, 1.0)
+            training = self.start(["train", self.seconds * 2.5], manager, "train")
+            time.sleep(3)
+            controlled = self.run(["latency", requests, 20], manager, "lat")
+            train_controlled = self.result(training)
+            emergencies = sum(1 for _, event in manager.events if event.startswith("emergency"))
+        finally:
+            manager.stop()
+        print(f"training capacity calibrated at {train_rate:,.0f} tokens/s; training alone {train_alone['per_s']:.2f} it/s")
+        for name, result, train in (("alone", alone, None), ("collocated, no control", uncontrolled, train_free),
+                                    ("collocated, Dilu control", controlled, train_controlled)):
+            extra = f"   training {train['per_s']:.2f} it/s" if train else ""
+            print(f"{name:<26} p50 {result['p50_ms']:8.2f} ms   p99 {result['p99_ms']:8.2f} ms{extra}")
+        print(f"KLC emergencies under control: {emergencies}; p99 ratio controlled/uncontrolled "
+              f"{controlled['p99_ms'] / uncontrolled['p99_ms']:.2f}x, controlled/alone {controlled['p99_ms'] / alone['p99_ms']:.2f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--smoke", action="store_true", help="tiny CPU run that only checks the harness")
+    args = parser.parse_args()
+    check = Check(1.0 if args.smoke else args.seconds, args.smoke)
+    started = time.monotonic()
+    rates = check.overhead()
+    check.shares(rates["matmul"], rates["matmul_alone"])
+    check.latency()
+    print(f"== done in {time.monotonic() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

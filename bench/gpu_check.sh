@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The GPU proof, in one command on a machine with an NVIDIA GPU and PyTorch (at most ~8 minutes):
+# builds the shim there, then runs bench/gpu_check.py (overhead, 30/70 shares, latency p99 alone /
+# collocated without control / collocated with Dilu's control).
+#   bash bench/gpu_check.sh [--seconds 10]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+if [ -z "${CUDA_HOME:-}" ]; then
+  if command -v nvcc >/dev/null; then CUDA_HOME=$(dirname "$(dirname "$(command -v nvcc)")"); else CUDA_HOME=/usr/local/cuda; fi
+fi
+make -s -C shim CUDA_HOME="$CUDA_HOME" all check >/dev/null
+echo "shim built against $CUDA_HOME/include/cuda.h; exports: $(wc -l < shim/build/exports.txt) entry points"
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "device", torch.cuda.get_device_name(0))'
+PYTHONUNBUFFERED=1 exec python3 bench/gpu_check.py "$@"
