@@ -40,6 +40,46 @@ def test_every_launch_path_is_intercepted(tmp_path: Path) -> None:
     assert result["ptsz_reached"] == 1 and result["ptsz_result"] == 0, "the _ptsz wrapper calls the _ptsz driver"
 
 
+def test_the_export_list_is_exactly_the_hook_table() -> None:
+    import subprocess
+
+    from tests.shim_harness import SHIM_DIR
+
+    subprocess.run(["make", "-s", "-C", str(SHIM_DIR), "check"], check=True, capture_output=True)
+    exports = set((BUILD / "exports.txt").read_text().split())
+    hooks_source = (SHIM_DIR / "src" / "hooks.c").read_text()
+    table = set(__import__("re").findall(r"HOOK\(H_\w+, (\w+)\)", hooks_source))
+    assert exports == table | {"dlsym"}, exports ^ (table | {"dlsym"})
+
+
+def test_a_plt_linked_caller_is_gated(manager: TokenManager, tmp_path: Path) -> None:
+    import json
+    import subprocess
+
+    manager.set_slice("plt", "batch", 0.2, 0.2)
+    env = client_env(tmp_path, socket=manager.socket_path, instance="plt")
+    done = subprocess.run([str(BUILD / "pltclient"), "1.5", "100"], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["share"] == pytest.approx(0.2, abs=0.05)
+    assert "ungated" not in done.stderr
+
+
+def test_threads_share_one_slot(manager: TokenManager, tmp_path: Path) -> None:
+    manager.set_slice("threads", "batch", 0.3, 0.3)
+    (result,) = start_client(client_env(tmp_path, socket=manager.socket_path, instance="threads"),
+                             "threads", 4, 2.0, 100).lines()
+    assert all(count > 0 for count in result["launches"])
+    assert result["share"] == pytest.approx(0.3, abs=0.05)
+
+
+def test_no_manager_fails_open_and_says_so_once(tmp_path: Path) -> None:
+    client = start_client(client_env(tmp_path, socket=tmp_path / "nobody.sock", instance="lonely"), "run", 1.0, 100, 0)
+    (result,) = client.lines()
+    assert result["share"] > 0.8
+    assert client.stderr.count("no token manager; launches run ungated") == 1
+
+
 def test_without_the_shim_nothing_is_wrapped(tmp_path: Path) -> None:
     (result,) = start_client(client_env(tmp_path, shim=False), "gpa").lines()
     assert all(r["library"].endswith("libcuda.so.1") for r in result["resolved"])

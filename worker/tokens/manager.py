@@ -114,6 +114,8 @@ class TokenManager:
         listener.setblocking(False)
         self._listener = listener
         self._selector.register(listener, selectors.EVENT_READ, None)
+        # A fresh heartbeat before the first shim can register, so nobody sees a stale manager.
+        self._region.refilled(time.monotonic_ns())
         self._thread = threading.Thread(target=self._run, name=f"tokens-{self.gpu_uuid}", daemon=True)
         self._thread.start()
         log.info("token manager for %s at %s (capacity %.0f tokens/s)", self.gpu_uuid, self.socket_path,
