@@ -222,9 +222,13 @@ def describe(name: str) -> None:
     out.print(f"invoke: POST {function['invoke_url']}", highlight=False)
     out.print(f"requests: {function['requests_total']}   source: {function['source_dir']}", highlight=False)
     out.print_json(json.dumps(function["spec"]))
-    table = Table("INSTANCE", "WORKER", "VERSION", "STATE", "ENDPOINT")
+    table = Table("INSTANCE", "WORKER", "VERSION", "STATE", "ENDPOINT", "SLICE", "GRANTED", "USED", "KLC")
     for i in instances:
-        table.add_row(i["id"], i["worker_id"], str(i["version"]), i["state"], i["endpoint"] or "-")
+        view = i.get("telemetry") or {}
+        slice_text = f"{i['sm_request']:g}/{i['sm_limit']:g}" if i.get("sm_limit") is not None else "-"
+        table.add_row(i["id"], i["worker_id"], str(i["version"]), i["state"], i["endpoint"] or "-", slice_text,
+                      f"{view['granted_share']:.2f}" if view else "-", f"{view['used_share']:.2f}" if view else "-",
+                      f"{view['klc_ms']:g} ms" if view.get("klc_ms") is not None else "-")
     out.print(table)
     for e in events:
         out.print(f"{e['at']}  {e['action']:<14} {e['reason']}", highlight=False)

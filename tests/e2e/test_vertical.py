@@ -58,6 +58,8 @@ def test_latency_burst_squeezes_batch_work_and_its_end_gives_the_share_back(star
     assert max(shares) < 0.75 * alone, f"batch work kept {shares} of the GPU beside a latency burst (alone {alone})"
     telemetry = platform.instances("synthetic-training")[0]["telemetry"]
     assert telemetry is not None and telemetry["granted_share"] > 0
+    described = platform.cli("describe", "synthetic-training")
+    assert described.returncode == 0 and "0.5/0.75" in described.stdout, described.stdout
 
     eventually(lambda: training_share(platform) > 0.6, timeout=30,
                what="the training loop to get its share back after the burst")
