@@ -34,7 +34,9 @@ def create_backend(settings: WorkerSettings) -> RuntimeBackend:
     if settings.runtime == "process":
         from worker.runtimes.process import ProcessBackend
 
-        return ProcessBackend(state_dir=settings.home, python=settings.python, host="127.0.0.1")
+        from worker.cgroups import CpuLimiter
+
+        return ProcessBackend(state_dir=settings.home, python=settings.python, host="127.0.0.1", cpu=CpuLimiter())
     raise ValueError(f"unknown runtime {settings.runtime!r}; known: process")
 
 

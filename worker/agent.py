@@ -126,8 +126,10 @@ class WorkerAgent:
     async def set_slice(self, instance_id: str, sm_request: float, sm_limit: float) -> bool:
         """Resizes a running instance's compute slice (effective within two token periods)."""
         record = self._instances.get(instance_id)
-        if record is None or self._gpu is None or record.state not in (STARTING, READY):
+        if record is None or record.state not in (STARTING, READY):
             return False
+        if self._gpu is None:
+            return self._backend.set_share(instance_id, sm_limit)  # CPU workers: a share of the cores
         self._gpu.set_slice(instance_id, record.request.spec.get("class", "latency"), sm_request, sm_limit)
         return True
 
@@ -192,6 +194,7 @@ class WorkerAgent:
         record.state, record.error, record.ended_at = state, error, time.monotonic()
         if self._gpu is not None:
             self._gpu.release(record.request.instance_id)
+        self._backend.release(record.request.instance_id)
 
     async def _changed(self, record: _Instance) -> None:
         try:

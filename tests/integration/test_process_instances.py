@@ -17,6 +17,7 @@ from tests.builders import make_start
 from tests.conftest import FIXTURE_FUNCTIONS
 from tests.waiting import async_eventually
 from worker.agent import WorkerAgent
+from worker.cgroups import CpuLimiter
 from worker.runtimes.process import ProcessBackend
 
 OK = str(FIXTURE_FUNCTIONS / "ok")
@@ -26,7 +27,7 @@ async def agent(tmp_path: Path):  # noqa: ANN201
     store = MemoryStore()
     info = WorkerInfo(id="w-test", host="test", url=None,
                       device=DeviceInfo(kind="cpu", uuid=None, name="cpu", memory_bytes=2**33))
-    worker = WorkerAgent(info=info, backend=ProcessBackend(state_dir=tmp_path), store=store,
+    worker = WorkerAgent(info=info, backend=ProcessBackend(state_dir=tmp_path, cpu=CpuLimiter()), store=store,
                          logs_dir=tmp_path / "logs", health_poll_s=0.05, stop_grace_s=5)
     worker.store = store  # for the tests' subscriptions
     yield worker
@@ -98,3 +99,23 @@ async def test_graceful_stop_and_idempotence(agent: WorkerAgent) -> None:
     await agent.stop_instance("unknown")
     with pytest.raises(ProcessLookupError):
         os.kill(status.pid, 0)
+
+
+async def test_cpu_slices_throttle_an_instance_and_resize_in_place(agent: WorkerAgent) -> None:
+    if not CpuLimiter().available:
+        pytest.skip("no writable cgroup cpu controller on this machine")
+    status = await agent.start_instance(make_start("i-burn", str(FIXTURE_FUNCTIONS / "cpu_burn"),
+                                                   handler="handler:Burn", model={"cpu_ms": 40}))
+    await until_state(agent, "i-burn", "ready")
+    async with httpx.AsyncClient(base_url=status.endpoint, timeout=30) as client:
+        async def stretch() -> float:
+            body = (await client.post("/infer", json={})).json()
+            return body["wall_ms"] / body["cpu_ms"]
+
+        unlimited = await stretch()
+        assert await agent.set_slice("i-burn", 0.05, 0.05)
+        throttled = await stretch()
+        assert await agent.set_slice("i-burn", 1.0, 1.0)
+        restored = await stretch()
+    assert throttled > 3 * unlimited, (unlimited, throttled)
+    assert restored < throttled / 2, (throttled, restored)

@@ -30,3 +30,10 @@ class RuntimeBackend(Protocol):
 
     async def stop(self, running: RunningInstance, grace_s: float) -> None:
         """Asks it to stop, then kills it after ``grace_s``; idempotent."""
+
+    def set_share(self, instance_id: str, share: float | None) -> bool:
+        """Resizes the compute share of a running instance where the backend can (CPU quotas);
+        False where it cannot."""
+
+    def release(self, instance_id: str) -> None:
+        """Frees what the backend kept for an ended instance; idempotent."""

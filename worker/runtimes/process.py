@@ -18,6 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from dilu.messages import DeviceInfo, StartInstance
+from worker.cgroups import CpuLimiter, join_group
 from worker.runtime.server import InstanceConfig
 from worker.runtimes.base import RunningInstance
 
@@ -32,12 +33,21 @@ def _die_with_parent() -> None:
         pass
 
 
+def _child_setup(procs_file: str | None):  # noqa: ANN202
+    def setup() -> None:
+        _die_with_parent()
+        join_group(procs_file)
+
+    return setup
+
+
 class ProcessBackend:
     """Implements RuntimeBackend with local child processes."""
 
     def __init__(self, *, state_dir: Path, python: str | None = None, host: str = "127.0.0.1",
-                 base_env: dict[str, str] | None = None) -> None:
+                 base_env: dict[str, str] | None = None, cpu: CpuLimiter | None = None) -> None:
         self._state_dir = state_dir
+        self.cpu = cpu
         self._python = python or sys.executable
         self._host = host
         self._base_env = dict(os.environ if base_env is None else base_env)
@@ -90,13 +100,27 @@ class ProcessBackend:
                     env=self.instance_env(request, device, config_path, listener.fileno(), extra_env),
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     pass_fds=(listener.fileno(),), start_new_session=True,
-                    preexec_fn=_die_with_parent, cwd=request.source_dir,
+                    preexec_fn=_child_setup(self._cpu_group(request, device)), cwd=request.source_dir,
                 )
         except OSError as exc:
             raise RuntimeError(f"cannot start instance process: {exc}") from exc
         finally:
             listener.close()
         return RunningInstance(endpoint=f"http://{self._host}:{port}", pid=process.pid, handle=process)
+
+    def _cpu_group(self, request: StartInstance, device: DeviceInfo) -> str | None:
+        """CPU workers: the instance's cgroup, limited to its slice (a share of the host's cores)."""
+        if self.cpu is None or device.kind != "cpu" or not self.cpu.available:
+            return None
+        self.cpu.set_share(request.instance_id, request.sm_limit)
+        return self.cpu.procs_file(request.instance_id)
+
+    def set_share(self, instance_id: str, share: float | None) -> bool:
+        return self.cpu is not None and self.cpu.set_share(instance_id, share)
+
+    def release(self, instance_id: str) -> None:
+        if self.cpu is not None:
+            self.cpu.remove(instance_id)
 
     def exit_code(self, running: RunningInstance) -> int | None:
         return running.handle.poll()
