@@ -65,6 +65,24 @@ class ControllerSettings(CommonSettings):
     reconcile_interval_s: float = Field(0.5, gt=0)
     worker_ttl_s: float = Field(5.0, gt=0, description="A worker silent this long is lost")
     default_keep_alive_s: float = Field(60.0, ge=0)
+    scheduler: str = Field("dilu", description="dilu | exclusive | static-limits | request-only")
+    profiling: bool = Field(True, description="Profile functions whose spec does not pin a slice")
+    profile_trial_s: float = Field(0.5, gt=0, description="Load applied per profiling trial")
+    profile_max_batch: int = Field(32, ge=1, le=4096)
+    horizontal_interval_s: float = Field(1.0, gt=0)
+    horizontal_window: int = Field(40, ge=1)
+    horizontal_out_samples: int = Field(20, ge=1)
+    horizontal_in_samples: int = Field(30, ge=1)
+    keepalive_min_samples: int = Field(10, ge=1, description="Idle times before the histogram is trusted")
+
+    @field_validator("scheduler")
+    @classmethod
+    def _known_scheduler(cls, value: str) -> str:
+        from dilu.policy.scheduler.profiles import Policy
+
+        if value not in {p.value for p in Policy}:
+            raise ValueError(f"unknown scheduler {value!r}; known: {', '.join(p.value for p in Policy)}")
+        return value
 
 
 class WorkerSettings(CommonSettings):

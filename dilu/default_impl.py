@@ -8,7 +8,8 @@ import httpx
 
 from dilu.config import CommonSettings, WorkerSettings
 from dilu.messages import DeviceInfo
-from dilu.policy.placement import FirstFitScheduler, Scheduler
+from dilu.policy.scheduler import Scheduler
+from dilu.policy.scheduler import create_scheduler as create_policy_scheduler
 from dilu.state.base import StateStore
 from worker.runtimes.base import RuntimeBackend
 
@@ -24,10 +25,9 @@ def create_store(settings: CommonSettings) -> StateStore:
     return MemoryStore()
 
 
-def create_scheduler(name: str = "first-fit") -> Scheduler:
-    if name == "first-fit":
-        return FirstFitScheduler()
-    raise ValueError(f"unknown scheduler {name!r}; known: first-fit")
+def create_scheduler(name: str = "dilu") -> Scheduler:
+    """The placement pipeline for a policy: dilu, exclusive, static-limits or request-only."""
+    return create_policy_scheduler(name)
 
 
 def create_backend(settings: WorkerSettings) -> RuntimeBackend:

@@ -110,8 +110,8 @@ async def run_all_in_one(settings: AllInOneSettings, on_ready: OnReady | None = 
     agents = _make_agents(settings, store)
     for agent in agents:
         directory.register_local(agent.info.id, InProcessWorkerClient(agent))
-    reconciler = Reconciler(sessions=sessions, store=store, directory=directory, scheduler=create_scheduler(),
-                            interval_s=settings.reconcile_interval_s, stop_grace_s=settings.stop_grace_s)
+    reconciler = Reconciler(sessions=sessions, store=store, directory=directory,
+                            scheduler=create_scheduler(settings.scheduler), settings=settings)
 
     async def build() -> GatewayServices:
         return GatewayServices(settings=settings, sessions=sessions, store=store, directory=directory, http=http)
@@ -156,7 +156,7 @@ async def run_controller(settings: ControllerSettings) -> None:
     store = create_store(settings)
     http = create_http_client()
     reconciler = Reconciler(sessions=make_session_factory(engine), store=store, directory=WorkerDirectory(http),
-                            scheduler=create_scheduler(), interval_s=settings.reconcile_interval_s)
+                            scheduler=create_scheduler(settings.scheduler), settings=settings)
     try:
         await reconciler.run()
     finally:

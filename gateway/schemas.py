@@ -41,6 +41,7 @@ class InstancePublic(BaseModel):
     ended_at: datetime | None
     sm_request: float | None = None
     sm_limit: float | None = None
+    role: str = Field("serve", description="serve, or profile for the instance profiling measures")
     telemetry: dict[str, Any] | None = Field(None, description="Token-manager view, on GPU workers")
 
 
@@ -55,6 +56,7 @@ class FunctionPublic(BaseModel):
     queued_requests: int = Field(0, description="Requests waiting for an instance at this gateway")
     in_flight_requests: int = Field(0, description="Requests being served, seen from this gateway")
     invoke_url: str
+    profile: dict[str, Any] | None = Field(None, description="What profiling found for this version")
     spec: dict[str, Any]
     source_dir: str
     created_at: datetime

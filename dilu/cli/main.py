@@ -185,10 +185,18 @@ def deploy(
                           f"       see `dilu logs {name}` for the full output")
                 if time.monotonic() > deadline:
                     _fail(f"{name} was not ready within {timeout:g}s")
-                status.update(f"starting {name}: {function['starting_instances']} instance(s) loading")
+                if function["status"] == "profiling":
+                    trials = (function.get("profile") or {}).get("trials", 0)
+                    status.update(f"profiling {name}: {trials} trial(s) so far")
+                else:
+                    status.update(f"starting {name}: {function['starting_instances']} instance(s) loading")
                 time.sleep(0.25)
     except CliError as exc:
         _fail(str(exc))
+    profile = function.get("profile") or {}
+    if profile.get("status") == "done":
+        out.print(f"profiled: compute request {profile['sm_request']:g}, limit {profile['sm_limit']:g}, "
+                  f"batch {profile['batch']} ({profile['trials']} trials)", highlight=False)
     out.print(f"[green]ready[/green]: {name}  ->  POST {function['invoke_url']}", highlight=False)
 
 
@@ -221,6 +229,15 @@ def describe(name: str) -> None:
         out.print(f"error: {function['error']}", highlight=False)
     out.print(f"invoke: POST {function['invoke_url']}", highlight=False)
     out.print(f"requests: {function['requests_total']}   source: {function['source_dir']}", highlight=False)
+    profile = function.get("profile")
+    if profile:
+        if profile["status"] == "done":
+            out.print(f"profile: request {profile['sm_request']:g}, limit {profile['sm_limit']:g}, batch "
+                      f"{profile['batch']}, {profile['throughput_per_s']:.1f} req/s per instance, "
+                      f"{profile['latency_ms']} ms per batch, {profile['trials']} trials", highlight=False)
+        else:
+            out.print(f"profile: {profile['status']} ({profile['trials']} trials)"
+                      + (f": {profile['error']}" if profile.get("error") else ""), highlight=False)
     out.print_json(json.dumps(function["spec"]))
     table = Table("INSTANCE", "WORKER", "VERSION", "STATE", "ENDPOINT", "SLICE", "GRANTED", "USED", "KLC")
     for i in instances:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Integer, String, Text
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
@@ -87,6 +87,29 @@ class InstanceRow(Base):
     created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
     ready_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
     ended_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    role: Mapped[str] = mapped_column(String(16), default="serve")  # serve | profile
+
+
+class ProfileRow(Base):
+    """What profiling found for one version of a function (or that it is still running)."""
+
+    __tablename__ = "profiles"
+
+    function: Mapped[str] = mapped_column(String(63), ForeignKey("functions.name", ondelete="CASCADE"),
+                                          primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    status: Mapped[str] = mapped_column(String(16), default="running")  # running | done | failed
+    kind: Mapped[str] = mapped_column(String(16), default="inference")
+    sm_request: Mapped[float | None] = mapped_column(Float, nullable=True)
+    sm_limit: Mapped[float | None] = mapped_column(Float, nullable=True)
+    batch: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    throughput_per_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    latency_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    meets_slo: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
+    trials: Mapped[int] = mapped_column(Integer, default=0)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
 
 
 class ScalingEventRow(Base):

@@ -8,7 +8,7 @@ from datetime import datetime
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
-from dilu.db.models import FunctionRow, InstanceRow, ScalingEventRow, WorkerRow, utcnow
+from dilu.db.models import FunctionRow, InstanceRow, ProfileRow, ScalingEventRow, WorkerRow, utcnow
 from dilu.messages import ACTIVE_STATES, WorkerInfo
 
 
@@ -159,3 +159,24 @@ def list_events(*, session: Session, function: str | None = None, limit: int = 1
     if function is not None:
         query = query.where(ScalingEventRow.function == function)
     return list(reversed(list(session.scalars(query))))
+
+
+def save_profile(*, session: Session, function: str, version: int, **values: object) -> ProfileRow:
+    """Creates or updates the profile of one function version."""
+    row = session.get(ProfileRow, (function, version))
+    if row is None:
+        row = ProfileRow(function=function, version=version, created_at=utcnow())
+        session.add(row)
+    for key, value in values.items():
+        setattr(row, key, value)
+    row.updated_at = utcnow()
+    session.commit()
+    return row
+
+
+def get_profile(*, session: Session, function: str, version: int) -> ProfileRow | None:
+    return session.get(ProfileRow, (function, version))
+
+
+def list_profiles(*, session: Session) -> list[ProfileRow]:
+    return list(session.scalars(select(ProfileRow)))

@@ -22,8 +22,15 @@ router = APIRouter(prefix="/v1/functions", tags=["functions"])
 
 def to_public(row: FunctionRow, session: Session, base_url: str,
               routing: RoutingTable | None = None) -> FunctionPublic:
-    instances = repo.list_instances(session=session, function=row.name, active_only=True)
+    instances = [i for i in repo.list_instances(session=session, function=row.name, active_only=True)
+                 if i.role == "serve"]
+    profile = repo.get_profile(session=session, function=row.name, version=row.version)
     return FunctionPublic(
+        profile=None if profile is None else {
+            "status": profile.status, "kind": profile.kind, "sm_request": profile.sm_request,
+            "sm_limit": profile.sm_limit, "batch": profile.batch, "throughput_per_s": profile.throughput_per_s,
+            "latency_ms": None if profile.latency_s is None else round(profile.latency_s * 1000, 3),
+            "meets_slo": profile.meets_slo, "trials": profile.trials, "error": profile.error},
         queued_requests=routing.queued(row.name) if routing else 0,
         in_flight_requests=routing.in_flight(row.name) if routing else 0,
         name=row.name, version=row.version, status=row.status, error=row.error,
@@ -110,7 +117,7 @@ async def list_instances(name: str, services: ServicesDep,
     telemetry = await services.store.telemetry()
     return [InstancePublic(id=r.id, worker_id=r.worker_id, version=r.function_version, state=r.state,
                            endpoint=r.endpoint, error=r.error, created_at=r.created_at, ready_at=r.ready_at,
-                           ended_at=r.ended_at, sm_request=r.sm_request, sm_limit=r.sm_limit,
+                           ended_at=r.ended_at, sm_request=r.sm_request, sm_limit=r.sm_limit, role=r.role,
                            telemetry=telemetry.get(r.id)) for r in rows]
 
 

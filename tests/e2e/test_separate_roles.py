@@ -69,7 +69,11 @@ def test_roles_in_separate_processes(tmp_path: Path, postgres_url: str, redis_pr
             reply = http.post("/v1/functions/ok/invoke", json={"after": "failover"})
             assert reply.status_code == 200 and reply.json()["input"] == {"after": "failover"}
             instances = http.get("/v1/functions/ok/instances", params={"all": True}).json()
-            assert {(i["worker_id"], i["state"]) for i in instances} == {("first-cpu", "lost"), ("second-cpu", "ready")}
+            serving = {(i["worker_id"], i["state"]) for i in instances if i["role"] == "serve"}
+            assert serving == {("first-cpu", "lost"), ("second-cpu", "ready")}
+            # Profiling ran across processes too (slices resized through the worker's HTTP API).
+            profile = http.get("/v1/functions/ok").json()["profile"]
+            assert profile is not None and profile["status"] in ("done", "failed") and profile["trials"] >= 0
     finally:
         for role in roles:
             role.stop()

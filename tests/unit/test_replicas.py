@@ -33,6 +33,20 @@ def expect(ctx: ReplicaContext, desired: int, reason_has: str) -> None:
     ("never used counts as idle", replace(BASE, current=1, last_active_at=None), 0, "idle"),
     ("below minimum is restored", replace(BASE, current=0, min_instances=2, last_active_at=None), 2, "at minimum"),
     ("keep-alive zero stops at once", replace(BASE, keep_alive_s=0, last_active_at=NOW), 0, "idle"),
+    ("profiling runs no serving instance", replace(BASE, status="profiling", current=0), 0, "profiling"),
+    ("busy and profiled: the lazy scaler decides", replace(BASE, current=2, in_flight=9, lazy_desired=2), 2, "serving"),
+    ("lazy scale out", replace(BASE, current=2, in_flight=9, lazy_desired=3), 3, "horizontal"),
+    ("lazy scale out between requests", replace(BASE, current=1, lazy_desired=2, last_active_at=NOW - 0.2), 2,
+     "horizontal"),
+    ("lazy scale in while lightly used", replace(BASE, current=3, lazy_desired=2, last_active_at=NOW - 1), 2,
+     "horizontal"),
+    ("histogram: unload after use", replace(BASE, current=1, keep_alive_s=12, prewarm_after_s=8,
+                                            last_active_at=NOW - 1), 0, "pre-warm at 8.0s"),
+    ("histogram: pre-warm before the next request", replace(BASE, current=0, keep_alive_s=12,
+                                                             prewarm_after_s=8, last_active_at=NOW - 9), 1,
+     "pre-warm"),
+    ("histogram: past the tail, back to zero", replace(BASE, current=1, keep_alive_s=12, prewarm_after_s=8,
+                                                         last_active_at=NOW - 13), 0, "idle"),
 ])
 def test_desired_instances(label: str, ctx: ReplicaContext, desired: int, reason: str) -> None:
     expect(ctx, desired, reason)

@@ -1,0 +1,126 @@
+"""Carrying decisions out: start (placed by the scheduler), stop and resize instances."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dilu.controller.context import ControllerContext
+from dilu.controller.snapshot import build_snapshot
+from dilu.db import repo
+from dilu.db.models import FunctionRow, InstanceRow, ProfileRow, utcnow
+from dilu.messages import FAILED, STARTING, STOPPING, StartInstance, WorkerInfo
+from dilu.policy.scheduler import PlacementRequest, Scheduler
+from worker.client import WorkerUnavailable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Slice:
+    sm_request: float | None
+    sm_limit: float | None
+    batch: int
+
+
+def effective_slice(function: FunctionRow, profile: ProfileRow | None) -> Slice:
+    """The spec's pinned slice, else the profile's, else none (the worker's defaults)."""
+    resources, batching = function.spec["resources"], function.spec["batching"]
+    if resources.get("sm_request") is not None and resources.get("sm_limit") is not None:
+        return Slice(resources["sm_request"], resources["sm_limit"], batching["max_batch_size"])
+    if profile is not None and profile.status == "done":
+        batch = profile.batch if profile.kind == "inference" and profile.batch else batching["max_batch_size"]
+        return Slice(profile.sm_request, profile.sm_limit, batch)
+    return Slice(None, None, batching["max_batch_size"])
+
+
+class Actuator:
+    def __init__(self, ctx: ControllerContext, scheduler: Scheduler) -> None:
+        self.ctx = ctx
+        self.scheduler = scheduler
+        self._last_unschedulable: dict[str, str] = {}
+
+    async def start(self, function: FunctionRow, chosen: Slice, live: Sequence[WorkerInfo], reason: str, *,
+                    role: str = "serve", batch_override: int | None = None, wait_ms: float | None = None,
+                    ) -> InstanceRow | None:
+        """Places and starts one instance; None (with an event) when nothing fits or the worker fails."""
+        spec = dict(function.spec)
+        resources = spec["resources"]
+        request = PlacementRequest(function.name, resources["memory"], chosen.sm_request or 0.0,
+                                   chosen.sm_limit or 0.0, spec.get("class", "latency"), resources["gpu"])
+        rows, functions = await self.ctx.db(_rows_and_functions)
+        decision = self.scheduler.place(request, build_snapshot(live, rows, functions))
+        if not decision.ok:
+            message = f"cannot place an instance: {decision.reason}"
+            if self._last_unschedulable.get(function.name) != message:
+                self._last_unschedulable[function.name] = message
+                await self.ctx.event(function.name, "unschedulable", message)
+            return None
+        self._last_unschedulable.pop(function.name, None)
+        info = next(w for w in live if w.id == decision.devices[0])
+        client = self.ctx.directory.client_for(info.id, info.url)
+        spec["batching"] = {**spec["batching"], "max_batch_size": batch_override or chosen.batch}
+        if wait_ms is not None:
+            spec["batching"]["max_wait_ms"] = wait_ms
+        instance_id = f"{function.name}-{uuid.uuid4().hex[:10]}"
+        row = InstanceRow(id=instance_id, function=function.name, function_version=function.version,
+                          worker_id=info.id, state=STARTING, memory_bytes=request.memory_bytes,
+                          sm_request=chosen.sm_request, sm_limit=chosen.sm_limit, created_at=utcnow(), role=role)
+        await self.ctx.db(repo.create_instance, row=row)
+        action = "scale-up" if role == "serve" else "profile"
+        await self.ctx.event(function.name, action, f"{reason}; {decision.reason} on {info.id}", instance_id)
+        order = StartInstance(instance_id=instance_id, function=function.name, version=function.version,
+                              spec=spec, source_dir=function.source_dir, memory_bytes=request.memory_bytes,
+                              sm_request=chosen.sm_request, sm_limit=chosen.sm_limit)
+        try:
+            status = await client.start_instance(order)
+        except WorkerUnavailable as exc:
+            await self.ctx.db(repo.update_instance, instance_id=instance_id, state=FAILED, error=str(exc),
+                              ended_at=utcnow())
+            return None
+        if status.endpoint:
+            await self.ctx.db(repo.update_instance, instance_id=instance_id, endpoint=status.endpoint)
+            row.endpoint = status.endpoint
+        return row
+
+    async def stop(self, row: InstanceRow, reason: str, *, now: bool = False) -> None:
+        """Marks the instance stopping; the worker is told after the new routes are out (unless ``now``)."""
+        await self.ctx.db(repo.update_instance, instance_id=row.id, state=STOPPING)
+        if row.role == "serve":
+            await self.ctx.event(row.function, "scale-down", f"{reason}; stopping {row.id}", row.id)
+        workers = await self.ctx.db(repo.list_workers)
+        worker = next((w for w in workers if w.id == row.worker_id), None)
+        client = self.ctx.directory.client_for(row.worker_id, worker.url if worker else None)
+        if client is None:
+            return
+        if now:
+            self.ctx.spawn(client.stop_instance(row.id))
+        else:
+            self.ctx.pending_stops.append((client, row.id))
+
+    async def resize(self, function: FunctionRow, rows: list[InstanceRow], chosen: Slice,
+                     live: Sequence[WorkerInfo]) -> None:
+        """Pushes a changed slice to running instances in place (vertical scaling, no restart)."""
+        if chosen.sm_request is None or chosen.sm_limit is None:
+            return
+        urls = {info.id: info.url for info in live}
+        for row in rows:
+            if (row.sm_request, row.sm_limit) == (chosen.sm_request, chosen.sm_limit) or row.worker_id not in urls:
+                continue
+            client = self.ctx.directory.client_for(row.worker_id, urls[row.worker_id])
+            try:
+                applied = client is not None and await client.set_slice(row.id, chosen.sm_request, chosen.sm_limit)
+            except WorkerUnavailable as exc:
+                log.warning("resizing %s failed: %s", row.id, exc)
+                continue
+            if applied:
+                await self.ctx.db(repo.update_instance, instance_id=row.id, sm_request=chosen.sm_request,
+                                  sm_limit=chosen.sm_limit)
+                await self.ctx.event(function.name, "resize", f"{row.id} slice -> request "
+                                     f"{chosen.sm_request:g}, limit {chosen.sm_limit:g}", row.id)
+
+
+def _rows_and_functions(*, session):  # noqa: ANN001, ANN202
+    return repo.list_instances(session=session, active_only=True), repo.list_functions(session=session)

@@ -1,0 +1,52 @@
+"""What the controller's parts share: database access off the event loop, events, background calls."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from dilu.db import repo
+from dilu.state.base import StateStore
+from worker.client import WorkerClient, WorkerDirectory
+
+log = logging.getLogger(__name__)
+
+
+class ControllerContext:
+    def __init__(self, *, sessions: sessionmaker[Session], store: StateStore, directory: WorkerDirectory) -> None:
+        self.sessions = sessions
+        self.store = store
+        self.directory = directory
+        self.wake = asyncio.Event()
+        self.background: set[asyncio.Task] = set()
+        self.pending_stops: list[tuple[WorkerClient, str]] = []
+
+    def _db(self, fn: Callable[..., Any], /, **kwargs: Any) -> Any:
+        with self.sessions() as session:
+            return fn(session=session, **kwargs)
+
+    async def db(self, fn: Callable[..., Any], /, **kwargs: Any) -> Any:
+        """Runs a repository function in a thread with its own session."""
+        return await asyncio.to_thread(self._db, fn, **kwargs)
+
+    async def event(self, function: str, action: str, reason: str, instance_id: str | None = None) -> None:
+        log.info("%s %s: %s", function, action, reason)
+        await self.db(repo.record_event, function=function, action=action, reason=reason, instance_id=instance_id)
+
+    def spawn(self, coroutine) -> asyncio.Task:  # noqa: ANN001
+        """Runs a worker call in the background; the loop wakes when it ends."""
+        async def guarded() -> None:
+            try:
+                await coroutine
+            except Exception:
+                log.exception("background controller task failed")
+            self.wake.set()
+
+        task = asyncio.create_task(guarded())
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+        return task

@@ -1,0 +1,217 @@
+"""Per-function reconciliation: rollout, profiling, vertical slices, and how many instances to run.
+
+Decisions come from ``dilu.policy`` (replicas, horizontal, keepalive, profiler); this module keeps
+each function's policy state between passes (rebuildable: a restarted controller starts with empty
+windows and histograms) and carries decisions out through the actuator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from dilu.config import ControllerSettings
+from dilu.controller.actuators import Actuator, Slice, effective_slice
+from dilu.controller.context import ControllerContext
+from dilu.controller.profiling import LiveTrialRunner, SlicesUnavailable, run_search, sample_request
+from dilu.db import repo
+from dilu.db.models import FunctionRow, InstanceRow, ProfileRow
+from dilu.messages import ACTIVE_STATES, FAILED, READY, FunctionActivity, WorkerInfo
+from dilu.policy.horizontal import HorizontalContext, HorizontalParams, HorizontalState
+from dilu.policy.horizontal import decide as decide_horizontal
+from dilu.policy.keepalive import KeepAliveParams, KeepAliveState, observe, windows
+from dilu.policy.replicas import ReplicaContext, desired_instances
+from dilu.state.base import Channel
+from worker.client import WorkerUnavailable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _FunctionMemory:
+    horizontal: HorizontalState = field(default_factory=HorizontalState)
+    keepalive: KeepAliveState = field(default_factory=KeepAliveState)
+    last_second_seen: int = 0
+
+
+class FunctionManager:
+    def __init__(self, ctx: ControllerContext, actuator: Actuator, settings: ControllerSettings) -> None:
+        self.ctx = ctx
+        self.actuator = actuator
+        self.settings = settings
+        self.horizontal_params = HorizontalParams(settings.horizontal_interval_s, settings.horizontal_window,
+                                                  settings.horizontal_out_samples, settings.horizontal_in_samples)
+        self.keepalive_params = KeepAliveParams(min_samples=settings.keepalive_min_samples)
+        self._memory: dict[str, _FunctionMemory] = {}
+        self._profiling: dict[tuple[str, int], asyncio.Task] = {}
+
+    async def reconcile(self, function: FunctionRow, rows: list[InstanceRow], profile: ProfileRow | None,
+                        activity: FunctionActivity, live: Sequence[WorkerInfo], telemetry: dict) -> None:
+        serving = [r for r in rows if r.role == "serve" and r.state in ACTIVE_STATES]
+        current = [r for r in serving if r.function_version == function.version]
+        old = [r for r in serving if r.function_version != function.version]
+        memory = self._memory.setdefault(function.name, _FunctionMemory())
+
+        if function.status == "deploying" and self._needs_profile(function, profile):
+            self._start_profiling(function, live)
+            return
+        if function.status == "deploying" and any(r.state == READY for r in current):
+            await self.ctx.db(repo.set_function_status, name=function.name, version=function.version, status="ready")
+            await self.ctx.event(function.name, "deployed", f"version {function.version} is ready")
+            await self.ctx.store.publish(Channel.FUNCTIONS, {"function": function.name})
+            function = await self.ctx.db(repo.get_function, name=function.name)
+        if old and function.status in ("ready", "failed"):
+            for row in old:
+                await self.actuator.stop(row, f"replaced by version {function.version}")
+
+        chosen = effective_slice(function, profile)
+        await self.actuator.resize(function, current, chosen, live)
+        decision = self._decide(function, current, profile, activity, telemetry, memory)
+        if decision.desired > len(current):
+            for _ in range(decision.desired - len(current)):
+                if await self.actuator.start(function, chosen, live, decision.reason) is None:
+                    break
+        elif decision.desired < len(current):
+            # Starting instances go first, then the newest ready ones.
+            victims = sorted(current, key=lambda r: (r.state == READY, r.created_at))[: len(current) - decision.desired]
+            for row in victims:
+                await self.actuator.stop(row, decision.reason)
+
+    def _decide(self, function: FunctionRow, current: list[InstanceRow], profile: ProfileRow | None,
+                activity: FunctionActivity, telemetry: dict, memory: _FunctionMemory):  # noqa: ANN202
+        spec, now = function.spec, time.time()
+        scaling = spec["scaling"]
+        # Idle times come from the per-second request counts: a gap between two seconds with
+        # requests (1 s resolution; consecutive busy seconds are no idle time).
+        for second in sorted(s for s, count in activity.requests.items() if count and s > memory.last_second_seen
+                             and s < int(now)):
+            memory.keepalive = observe(memory.keepalive, float(second), self.keepalive_params, gap_min_s=2.0)
+            memory.last_second_seen = second
+        keep = windows(memory.keepalive, scaling["keep_alive_s"], self.keepalive_params)
+        lazy, lazy_reason = None, ""
+        throughput = profile.throughput_per_s if profile is not None and profile.status == "done" else None
+        if throughput and function.status == "ready":
+            ctx = HorizontalContext(now, len(current), scaling["min_instances"], scaling["max_instances"],
+                                    float(activity.requests.get(int(now) - 1, 0)), throughput,
+                                    queued=activity.queued, at_vertical_limit=_at_limits(current, telemetry),
+                                    params=self.horizontal_params)
+            horizontal, memory.horizontal = decide_horizontal(ctx, memory.horizontal)
+            lazy, lazy_reason = horizontal.desired, horizontal.reason
+        became_ready = function.updated_at.timestamp() if function.status == "ready" else None
+        last_active = max([t for t in (activity.last_request_at, became_ready) if t is not None], default=None)
+        return desired_instances(ReplicaContext(
+            now=now, status=function.status, min_instances=scaling["min_instances"],
+            max_instances=scaling["max_instances"], keep_alive_s=keep.keep_until_s, current=len(current),
+            in_flight=activity.in_flight, queued=activity.queued, last_active_at=last_active,
+            concurrency_per_instance=2 * spec["batching"]["max_batch_size"], lazy_desired=lazy,
+            prewarm_after_s=keep.prewarm_after_s, lazy_reason=lazy_reason))
+
+    # ---- profiling ----
+    def _needs_profile(self, function: FunctionRow, profile: ProfileRow | None) -> bool:
+        resources = function.spec["resources"]
+        pinned = resources.get("sm_request") is not None and resources.get("sm_limit") is not None
+        return self.settings.profiling and not pinned and profile is None
+
+    def _start_profiling(self, function: FunctionRow, live: Sequence[WorkerInfo]) -> None:
+        key = (function.name, function.version)
+        if key in self._profiling and not self._profiling[key].done():
+            return
+        self._profiling[key] = self.ctx.spawn(self._profile(function, list(live)))
+
+    async def _profile(self, function: FunctionRow, live: list[WorkerInfo]) -> None:
+        name, version = function.name, function.version
+        await self.ctx.db(repo.save_profile, function=name, version=version, status="running",
+                          kind="training" if function.spec.get("class") == "batch" else "inference", trials=0)
+        await self.ctx.db(repo.set_function_status, name=name, version=version, status="profiling")
+        await self.ctx.store.publish(Channel.FUNCTIONS, {"function": name})
+        max_batch = self.settings.profile_max_batch
+        row = await self.actuator.start(function, Slice(1.0, 1.0, max_batch), live, "profiling the new version",
+                                        role="profile", wait_ms=2.0)
+        if row is None:
+            await self._profile_failed(function, "no worker could run the profiling instance")
+            return
+        try:
+            error = await self._wait_ready(row, live)
+            if error is not None:
+                # The handler itself cannot load: the deployment fails as it would without profiling.
+                await self.ctx.db(repo.save_profile, function=name, version=version, status="failed", error=error)
+                await self.ctx.db(repo.set_function_status, name=name, version=version, status="failed", error=error)
+                await self.ctx.event(name, "failed", error, row.id)
+                await self.ctx.store.publish(Channel.FUNCTIONS, {"function": name})
+                return
+            await self._search(function, row, live, max_batch)
+        except Exception as exc:  # a broken trial must not leave the function stuck in "profiling"
+            log.exception("profiling %s failed", name)
+            await self._profile_failed(function, f"{type(exc).__name__}: {exc}")
+        finally:
+            await self.actuator.stop(row, "profiling finished", now=True)
+
+    async def _search(self, function: FunctionRow, row: InstanceRow, live: list[WorkerInfo], max_batch: int) -> None:
+        name, version = function.name, function.version
+        info = next(w for w in live if w.id == row.worker_id)
+        loop = asyncio.get_running_loop()
+
+        def progress(trials: int) -> None:
+            asyncio.run_coroutine_threadsafe(
+                self.ctx.db(repo.save_profile, function=name, version=version, trials=trials), loop)
+
+        runner = LiveTrialRunner(loop=loop, client=self.ctx.directory.client_for(info.id, info.url),
+                                 instance_id=row.id, endpoint=row.endpoint, sample=sample_request(function.source_dir),
+                                 trial_s=self.settings.profile_trial_s, on_trial=progress)
+        try:
+            found = await run_search(runner, cls=function.spec.get("class", "latency"),
+                                     slo_s=function.spec["slo"]["p99_ms"] / 1000, max_batch=max_batch,
+                                     batch=function.spec["batching"]["max_batch_size"])
+        except SlicesUnavailable as exc:
+            await self._profile_failed(function, str(exc))
+            return
+        await self.ctx.db(repo.save_profile, function=name, version=version, status="done", kind=found.kind,
+                          sm_request=found.sm_request, sm_limit=found.sm_limit, batch=found.batch,
+                          throughput_per_s=found.throughput_per_s, latency_s=found.latency_s,
+                          meets_slo=found.meets_slo, trials=found.trials)
+        await self.ctx.event(name, "profiled", f"request {found.sm_request:g}, limit {found.sm_limit:g}, batch "
+                             f"{found.batch}, {found.throughput_per_s:.1f} req/s per instance, "
+                             f"{found.latency_s * 1000:.1f} ms, {found.trials} trials"
+                             + ("" if found.meets_slo else " (the SLO cannot be met)"))
+        await self.ctx.db(repo.set_function_status, name=name, version=version, status="deploying")
+        await self.ctx.store.publish(Channel.FUNCTIONS, {"function": name})
+
+    async def _wait_ready(self, row: InstanceRow, live: list[WorkerInfo]) -> str | None:
+        """None once the profiling instance is ready; its error if it ended first."""
+        info = next(w for w in live if w.id == row.worker_id)
+        client = self.ctx.directory.client_for(info.id, info.url)
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            try:
+                status = next((s for s in await client.list_instances() if s.instance_id == row.id), None)
+            except WorkerUnavailable as exc:
+                return str(exc)
+            if status is not None and status.state == READY:
+                return None
+            if status is not None and status.state == FAILED:
+                return status.error or "the profiling instance failed"
+            await asyncio.sleep(0.1)
+        return "the profiling instance did not become ready"
+
+    async def _profile_failed(self, function: FunctionRow, error: str) -> None:
+        """Profiling could not run: deploy with the default slice rather than not at all."""
+        name, version = function.name, function.version
+        await self.ctx.db(repo.save_profile, function=name, version=version, status="failed", error=error)
+        await self.ctx.event(name, "profile-failed", f"{error}; deploying with the default slice")
+        await self.ctx.db(repo.set_function_status, name=name, version=version, status="deploying")
+        await self.ctx.store.publish(Channel.FUNCTIONS, {"function": name})
+
+    def forget(self, name: str) -> None:
+        self._memory.pop(name, None)
+
+
+def _at_limits(current: list[InstanceRow], telemetry: dict) -> bool:
+    """Whether every instance already uses (nearly) its whole compute limit; CPU instances, which
+    report no telemetry, count as having no vertical headroom."""
+    views = [telemetry.get(r.id) for r in current]
+    if not any(views):
+        return True
+    return all(v is None or v.get("used_share", 0) >= 0.9 * (r.sm_limit or 1.0) for r, v in zip(current, views))

@@ -1,0 +1,30 @@
+"""Builds the scheduler's immutable ClusterSnapshot from live workers and active instances."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from dilu.db.models import FunctionRow, InstanceRow
+from dilu.messages import ACTIVE_STATES, WorkerInfo
+from dilu.policy.scheduler import ClusterSnapshot, Device
+
+
+def build_snapshot(workers: Sequence[WorkerInfo], instances: Iterable[InstanceRow],
+                   functions: Iterable[FunctionRow]) -> ClusterSnapshot:
+    """One device per live worker (a GPU or the CPU), with what its active instances hold."""
+    classes = {f.name: f.spec.get("class", "latency") for f in functions}
+    on: dict[str, list[InstanceRow]] = {}
+    for row in instances:
+        if row.state in ACTIVE_STATES | {"stopping"}:
+            on.setdefault(row.worker_id, []).append(row)
+    devices = []
+    for info in workers:
+        rows = on.get(info.id, [])
+        latency = frozenset(r.function for r in rows if classes.get(r.function, "latency") == "latency")
+        batch = frozenset(r.function for r in rows if classes.get(r.function, "latency") != "latency")
+        devices.append(Device(
+            id=info.id, node=info.host, kind=info.device.kind, memory_bytes=info.device.memory_bytes,
+            memory_used=sum(r.memory_bytes for r in rows), sm_requested=sum(r.sm_request or 0.0 for r in rows),
+            sm_limited=sum(r.sm_limit or 0.0 for r in rows), functions=latency | batch,
+            latency_functions=latency, batch_functions=batch))
+    return ClusterSnapshot.of(devices)

@@ -1,0 +1,125 @@
+"""The controller's brain on the CPU: real profiling under CPU quotas, lazy horizontal scaling
+under a bursty trace, and keep-alive with pre-warming from the idle-time histogram."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import FIXTURE_FUNCTIONS, ROOT
+from tests.waiting import eventually
+from worker.cgroups import CpuLimiter
+
+TRACE = ROOT.parent / "shared" / "data" / "traces" / "rps" / "bursty.txt"
+
+needs_cgroups = pytest.mark.skipif(not CpuLimiter().available, reason="no writable cgroup cpu controller")
+
+
+def burn_function(tmp_path: Path, name: str, extra: str = "") -> Path:
+    source = shutil.copytree(FIXTURE_FUNCTIONS / "cpu_burn", tmp_path / name)
+    (source / "model.yaml").write_text(
+        f"name: {name}\nhandler: handler:Burn\nmodel:\n  cpu_ms: 10\nslo:\n  p99_ms: 120\n"
+        "resources:\n  memory: 64Mi\n  gpu: false\nbatching:\n  max_batch_size: 8\n  max_wait_ms: 2\n" + extra)
+    return source / "model.yaml"
+
+
+@needs_cgroups
+def test_an_unpinned_function_is_profiled_under_cpu_quotas_and_placed(start_platform, tmp_path: Path) -> None:
+    platform = start_platform(env={"DILU_PROFILING": "true", "DILU_PROFILE_TRIAL_S": "0.4",
+                                   "DILU_PROFILE_MAX_BATCH": "8"})
+    deployed = platform.cli("deploy", str(burn_function(tmp_path, "burner")), timeout=300)
+    assert deployed.returncode == 0, deployed.stderr
+    assert "profiled: compute request" in deployed.stdout
+    profile = platform.function("burner")["profile"]
+    assert profile["status"] == "done" and profile["meets_slo"]
+    assert 0 < profile["sm_request"] < 1.0 and profile["sm_request"] <= profile["sm_limit"]
+    assert profile["latency_ms"] <= 120 and profile["throughput_per_s"] > 0
+    assert 0 < profile["trials"] < 60, "far fewer trials than the 6 x 10 grid"
+    (instance,) = [i for i in platform.instances("burner") if i["role"] == "serve"]
+    assert (instance["sm_request"], instance["sm_limit"]) == (profile["sm_request"], profile["sm_limit"])
+    reply = platform.invoke("burner", {})
+    assert reply.status_code == 200 and reply.json()["batch"] >= 1
+    events = platform.http.get("/v1/functions/burner/events").json()
+    assert any(e["action"] == "profiled" for e in events)
+    described = platform.cli("describe", "burner")
+    assert "profile: request" in described.stdout
+
+
+async def _replay(url: str, rates: list[float], stop_at: float) -> int:
+    """Sends each second's requests spread over that second (open loop, bounded)."""
+    sent = 0
+    async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=64)) as client:
+        pending: set[asyncio.Task] = set()
+        for rate in rates:
+            second = time.monotonic()
+            count = int(round(rate))
+            for index in range(count):
+                pending.add(asyncio.create_task(client.post(url, json={})))
+                sent += 1
+                await asyncio.sleep(max(0.0, second + (index + 1) / max(count, 1) - time.monotonic()))
+            if time.monotonic() > stop_at:
+                break
+            await asyncio.sleep(max(0.0, second + 1 - time.monotonic()))
+        results = await asyncio.gather(*pending, return_exceptions=True)
+    failures = [r for r in results if isinstance(r, Exception) or r.status_code != 200]
+    assert not failures, failures[:3]
+    return sent
+
+
+@needs_cgroups
+def test_bursty_load_scales_out_lazily_and_back_in(start_platform, tmp_path: Path) -> None:
+    platform = start_platform(env={
+        "DILU_PROFILING": "true", "DILU_PROFILE_TRIAL_S": "0.4", "DILU_PROFILE_MAX_BATCH": "8",
+        "DILU_HORIZONTAL_WINDOW": "10", "DILU_HORIZONTAL_OUT_SAMPLES": "5", "DILU_HORIZONTAL_IN_SAMPLES": "6"})
+    spec = burn_function(tmp_path, "bursty", "scaling:\n  min_instances: 1\n  max_instances: 4\n  keep_alive_s: 600\n")
+    assert platform.cli("deploy", str(spec), timeout=300).returncode == 0
+    capacity = platform.function("bursty")["profile"]["throughput_per_s"]
+    trace = [float(line) for line in TRACE.read_text().split()]
+    start = max(range(len(trace) - 40), key=lambda i: sum(trace[i:i + 20]) - sum(trace[i + 20:i + 40]))
+    segment = trace[start:start + 40]  # a 20 s burst, then 20 s of calm
+    scale = 2.5 * capacity / (sum(segment[:20]) / 20)
+    rates = [r * scale for r in segment]
+    began = time.time()
+    asyncio.run(_replay(f"{platform.url}/v1/functions/bursty/invoke", rates, time.monotonic() + 60))
+
+    def horizontal(action: str) -> list[dict]:
+        return [e for e in platform.http.get("/v1/functions/bursty/events").json()
+                if e["action"] == action and "samples" in e["reason"]]
+
+    ups = eventually(lambda: horizontal("scale-up"), timeout=30, what="a lazy scale-out")
+    first_up = ups[0]["at"]
+    from datetime import datetime
+
+    delay = datetime.fromisoformat(first_up).timestamp() - began
+    assert delay >= 4, f"scaled out after {delay:.1f}s of overload: not lazy"
+    eventually(lambda: horizontal("scale-down"), timeout=60, what="scale-in once the burst is over")
+
+
+def test_an_idle_function_goes_to_zero_and_is_prewarmed_before_its_next_request(start_platform,
+                                                                                tmp_path: Path) -> None:
+    platform = start_platform(env={"DILU_KEEPALIVE_MIN_SAMPLES": "3"})
+    source = shutil.copytree(FIXTURE_FUNCTIONS / "ok", tmp_path / "regular")
+    (source / "model.yaml").write_text(
+        "name: regular\nhandler: handler:Echo\nresources:\n  memory: 64Mi\n  gpu: false\n"
+        "scaling:\n  min_instances: 0\n  keep_alive_s: 600\n")
+    assert platform.cli("deploy", str(source / "model.yaml")).returncode == 0
+    served_warm = []
+    for index in range(7):
+        if index:
+            # Regular 6 s gaps: the histogram learns them, unloads the instance after each request
+            # and pre-warms it shortly before the next one.
+            deadline = time.monotonic() + 6
+            eventually(lambda: time.monotonic() >= deadline, timeout=10, interval=0.05)
+        warm = bool([i for i in platform.instances("regular") if i["state"] == "ready"])
+        assert platform.invoke("regular", {"n": index}).status_code == 200
+        served_warm.append(warm)
+    events = platform.http.get("/v1/functions/regular/events").json()
+    reasons = [e["reason"] for e in events]
+    assert any("unloaded until the pre-warm" in r for r in reasons), reasons
+    assert any(r.startswith("pre-warm") for r in reasons), reasons
+    assert served_warm[-1] and served_warm[-2], f"the last requests found a pre-warmed instance: {served_warm}"
