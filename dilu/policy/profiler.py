@@ -73,6 +73,21 @@ class _Recorder:
         return tuple((b, s, r.latency_s, r.throughput_per_s) for (b, s), r in self.results.items() if r)
 
 
+def _smallest_share_reaching(run: _Recorder, batch: int, shares: list[int], fraction: float,
+                             full: TrialResult) -> int:
+    """Binary search: the smallest of ``shares`` whose throughput reaches ``fraction`` of ``full``
+    (assumes throughput grows with the share; the last share is the answer if none reaches it)."""
+    lo, hi = 0, len(shares) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        result = run(batch, shares[mid])
+        if result is not None and result.throughput_per_s >= fraction * full.throughput_per_s:
+            hi = mid
+        else:
+            lo = mid + 1
+    return shares[lo]
+
+
 def _knee(run: _Recorder, batch: int, low: int, step: int = 10) -> int:
     """Smallest SM >= ``low`` (in ``step`` % steps) whose throughput reaches KNEE of the 100 % one."""
     full = run(batch, 100)
@@ -81,15 +96,7 @@ def _knee(run: _Recorder, batch: int, low: int, step: int = 10) -> int:
     candidates = list(range(low, 101, step))
     if candidates[-1] != 100:
         candidates.append(100)
-    lo, hi = 0, len(candidates) - 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        result = run(batch, candidates[mid])
-        if result is not None and result.throughput_per_s >= KNEE * full.throughput_per_s:
-            hi = mid
-        else:
-            lo = mid + 1
-    return candidates[lo]
+    return _smallest_share_reaching(run, batch, candidates, KNEE, full)
 
 
 def hybrid_growth_search(runner: TrialRunner, slo_s: float, *, max_batch: int = 32, start_sm: int = 10,
@@ -153,16 +160,7 @@ def training_search(runner: TrialRunner, *, batch: int, threshold: float = 0.98,
     full = run(batch, 100)
     if full is None:
         raise ValueError(f"the training job cannot run at batch {batch} on a whole GPU")
-    shares = list(range(step, 101, step))
-    lo, hi = 0, len(shares) - 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        result = run(batch, shares[mid])
-        if result is not None and result.throughput_per_s >= threshold * full.throughput_per_s:
-            hi = mid
-        else:
-            lo = mid + 1
-    sm = shares[lo]
+    sm = _smallest_share_reaching(run, batch, list(range(step, 101, step)), threshold, full)
     result = run(batch, sm)
     return Profile("training", sm / 100, sm / 100, batch, result.throughput_per_s, result.latency_s, run.count,
                    history=run.history())
