@@ -109,11 +109,11 @@ def test_an_idle_function_goes_to_zero_and_is_prewarmed_before_its_next_request(
         "scaling:\n  min_instances: 0\n  keep_alive_s: 600\n")
     assert platform.cli("deploy", str(source / "model.yaml")).returncode == 0
     served_warm = []
-    for index in range(7):
+    for index in range(6):
         if index:
-            # Regular 6 s gaps: the histogram learns them, unloads the instance after each request
+            # Regular 8 s gaps: the histogram learns them, unloads the instance after each request
             # and pre-warms it shortly before the next one.
-            deadline = time.monotonic() + 6
+            deadline = time.monotonic() + 8
             eventually(lambda: time.monotonic() >= deadline, timeout=10, interval=0.05)
         warm = bool([i for i in platform.instances("regular") if i["state"] == "ready"])
         assert platform.invoke("regular", {"n": index}).status_code == 200
