@@ -204,8 +204,10 @@ class FunctionManager:
         await self.ctx.db(repo.set_function_status, name=name, version=version, status="deploying")
         await self.ctx.store.publish(Channel.FUNCTIONS, {"function": name})
 
-    def forget(self, name: str) -> None:
-        self._memory.pop(name, None)
+    def forget_except(self, names: set[str]) -> None:
+        """Drops the policy state of functions that no longer exist."""
+        for name in [n for n in self._memory if n not in names]:
+            del self._memory[name]
 
 
 def _at_limits(current: list[InstanceRow], telemetry: dict) -> bool:
