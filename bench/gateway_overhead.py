@@ -49,7 +49,7 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="dilu-bench-"))
     source = shutil.copytree(ROOT / "examples" / "echo", workdir / "noop")
     (source / "model.yaml").write_text(
-        "name: noop\nhandler: handler:Echo\nresources:\n  memory: 128Mi\n  gpu: false\n"
+        "name: noop\nhandler: handler:Echo\nresources:\n  memory: 128Mi\n  gpu: false\n  sm_request: 1.0\n  sm_limit: 1.0\n"
         "scaling:\n  min_instances: 1\n  max_instances: 1\n  keep_alive_s: 3600\n"
         "batching:\n  max_batch_size: 1\n")
     platform = Platform(workdir / "home")

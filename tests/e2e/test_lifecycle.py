@@ -41,6 +41,8 @@ def test_deploy_invoke_inspect_delete(backend: str, start_platform, request: pyt
     assert described.returncode == 0 and "ready" in described.stdout and "deployed" in described.stdout
     logs = platform.cli("logs", "ok")
     assert logs.returncode == 0 and "ready" in logs.stdout
+    paths = platform.http.get("/openapi.json").json()["paths"]
+    assert {"/v1/functions", "/v1/functions/{name}/invoke", "/v1/functions/{name}/slice"} <= set(paths)
     status = platform.cli("status")
     assert status.returncode == 0 and "alive" in status.stdout
     expected_db = "sqlite" if backend == "embedded" else "postgresql"
