@@ -58,6 +58,9 @@ class FunctionManager:
         if function.status == "deploying" and self._needs_profile(function, profile):
             self._start_profiling(function, live)
             return
+        if function.status == "profiling":
+            await self._resume_profiling(function, rows, live)
+            return
         if function.status == "deploying" and any(r.state == READY for r in current):
             await self.ctx.db(repo.set_function_status, name=function.name, version=function.version, status="ready")
             await self.ctx.event(function.name, "deployed", f"version {function.version} is ready")
@@ -114,6 +117,18 @@ class FunctionManager:
         resources = function.spec["resources"]
         pinned = resources.get("sm_request") is not None and resources.get("sm_limit") is not None
         return self.settings.profiling and not pinned and profile is None
+
+    async def _resume_profiling(self, function: FunctionRow, rows: list[InstanceRow],
+                                live: Sequence[WorkerInfo]) -> None:
+        """A function left "profiling" with no job here (the controller restarted): start over."""
+        task = self._profiling.get((function.name, function.version))
+        if task is not None and not task.done():
+            return
+        for row in rows:
+            if row.role == "profile" and row.state in ACTIVE_STATES:
+                await self.actuator.stop(row, "profiling restarts", now=True)
+        await self.ctx.event(function.name, "profile", "profiling restarts (no job was running it)")
+        self._start_profiling(function, live)
 
     def _start_profiling(self, function: FunctionRow, live: Sequence[WorkerInfo]) -> None:
         key = (function.name, function.version)
@@ -203,6 +218,11 @@ class FunctionManager:
         await self.ctx.event(name, "profile-failed", f"{error}; deploying with the default slice")
         await self.ctx.db(repo.set_function_status, name=name, version=version, status="deploying")
         await self.ctx.store.publish(Channel.FUNCTIONS, {"function": name})
+
+    def cancel_profiling(self) -> None:
+        """On shutdown: profiling jobs stop where they are; the next controller starts them over."""
+        for task in self._profiling.values():
+            task.cancel()
 
     def forget_except(self, names: set[str]) -> None:
         """Drops the policy state of functions that no longer exist."""

@@ -123,3 +123,21 @@ def test_an_idle_function_goes_to_zero_and_is_prewarmed_before_its_next_request(
     assert any("unloaded until the pre-warm" in r for r in reasons), reasons
     assert any(r.startswith("pre-warm") for r in reasons), reasons
     assert served_warm[-1] and served_warm[-2], f"the last requests found a pre-warmed instance: {served_warm}"
+
+
+@needs_cgroups
+def test_profiling_interrupted_by_a_restart_starts_over(start_platform, tmp_path: Path) -> None:
+    env = {"DILU_PROFILING": "true", "DILU_PROFILE_TRIAL_S": "1.0", "DILU_PROFILE_MAX_BATCH": "8"}
+    first = start_platform(env=env, name="home")
+    spec = burn_function(tmp_path, "restarted")
+    assert first.cli("deploy", str(spec), "--no-wait").returncode == 0
+    eventually(lambda: (first.function("restarted").get("profile") or {}).get("trials", 0) >= 1, timeout=60,
+               what="profiling to be under way")
+    first.close()
+    second = start_platform(env=env, name="home")  # same state folder, new controller
+    function = second.wait_ready("restarted", timeout=180)
+    assert function["profile"]["status"] == "done"
+    reasons = [e["reason"] for e in second.http.get("/v1/functions/restarted/events").json()]
+    assert any("profiling restarts" in r for r in reasons), reasons
+    leftovers = [i for i in second.http.get("/v1/functions/restarted/instances").json() if i["role"] == "profile"]
+    assert leftovers == [], "the interrupted run's profiling instance is not left running"
