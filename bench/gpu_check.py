@@ -109,6 +109,9 @@ class Check:
             print(f"{workload:<8} without {base:10.2f} it/s   with shim {gated:10.2f} it/s   "
                   f"overhead {100 * (1 - gated / base):6.2f} %   calibrated capacity {rates[workload]:,.0f} tokens/s")
             rates[f"{workload}_alone"] = base
+            if rates[workload] <= 0:
+                print(f"WARNING: the shim counted no launches for {workload}: interception did not work here, "
+                      "so the shares below mean nothing")
         return rates
 
     def shares(self, capacity: float, alone: float) -> None:
