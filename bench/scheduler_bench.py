@@ -1,6 +1,6 @@
 """Scheduler decision time at 40, 400 and 4,000 GPUs (4 GPUs of 40 GB per node).
 
-Replays the cluster workload from ../shared/data/workloads (starts and deletes, one start per
+Replays the cluster workload from data/workloads (starts and deletes, one start per
 second) through Dilu's scheduling policy until the cluster holds its steady-state load, then
 times each placement decision of the following requests. Prints the median and p99 decision
 time, decisions per second, and the ratio to the 1 ms target at 4,000 GPUs; the baselines
@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from dilu.policy.scheduler import ClusterSnapshot, Device, PlacementRequest, create_scheduler  # noqa: E402
 
-WORKLOADS = ROOT.parent / "shared" / "data" / "workloads"
+WORKLOADS = ROOT / "data" / "workloads"
 GiB = 2**30
 
 

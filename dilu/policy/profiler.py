@@ -1,18 +1,21 @@
 """Profiling: the smallest compute share (and the batch size) that meets a function's need.
 
-Searches run trials through a ``TrialRunner`` (a real one starts the function with a pinned slice
-and drives load; ``TableRunner`` answers from a measured profile table) and are pure otherwise.
+Searches run trials through a ``TrialRunner`` (a real one drives a live instance whose slice is
+resized per trial; ``TableRunner`` answers from a measured profile table) and are pure otherwise.
 
-- Inference, ``hybrid_growth_search``: start at SM 10 %, batch 1; efficacy = throughput / SM %.
-  While the SLO holds the batch doubles; when it fails the SM grows by 10 %; the search stops
-  when the SLO still fails after the SM grew, when efficacy falls, or at the bounds.
-- ``grid_search`` tries every (batch, SM) and is the baseline the hybrid search is compared with.
-- Training, ``training_search``: binary search over SM in 5 % steps for the smallest share that
-  keeps >= 98 % of the full-GPU throughput.
-- The limit (cost-effective burst share) is the knee of the chosen batch's throughput curve:
-  the smallest SM, at or above the request, whose throughput reaches ``KNEE`` (90 %) of the
-  throughput at 100 % - past it, more compute buys less than a tenth more work. It is found by
-  a binary search over 10 % steps (a few extra trials), or read off the grid.
+- Inference, ``hybrid_growth_search``: walks the SLO frontier (for batch 1, 2, 4, ... the
+  smallest share whose p99 meets the SLO) comparing efficacy - throughput per % of compute -
+  as the share grows, with a tolerance; see its docstring. The batch never exceeds the spec's
+  ``max_batch_size``: that bound is the user's (memory, or a model that cannot batch more).
+- ``grid_search`` tries every (batch, SM) and is the baseline the hybrid search is judged by.
+- The inference limit (cost-effective burst share) is the knee of the chosen batch's
+  throughput curve: the smallest SM, at or above the request, whose throughput reaches ``KNEE``
+  (90 %) of the throughput at 100 % - past it, more compute buys less than a tenth more work.
+- Training, ``training_search``: a training loop has no SLO, only a rate of progress. Its limit
+  is the smallest share keeping ``SATURATED`` (98 %) of its full-device rate (more is waste);
+  its request is the knee, the smallest share keeping ``KNEE`` (90 %) of it - what it is
+  guaranteed, while it bursts to the limit whenever latency work leaves room. Both come from
+  binary searches over 5 % steps that share their trials.
 """
 
 from __future__ import annotations
@@ -20,16 +23,22 @@ from __future__ import annotations
 import csv
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Protocol
 
-KNEE = 0.9
+KNEE = 0.9          # the limit of inference, the request of training: this share of full throughput
+SATURATED = 0.98    # the limit of training: more share than this buys under 2 % more progress
+SATURATION = 0.05   # a share step that shortens the batch by under 5 % of its growth: compute-saturated
+TIGHT = 0.85        # a frontier point at >= 85 % of the SLO is latency-bound (worth one step up)
+POLISH_RANGE = 0.1  # ... if its efficacy is within 10 % of the best
 
 
 @dataclass(frozen=True)
 class TrialResult:
-    latency_s: float          # time of one batch
-    throughput_per_s: float   # requests per second at that batch
+    latency_s: float          # p99 of one request (a profile table: the time of one batch)
+    throughput_per_s: float   # requests (training: work units) per second
+    batch_formed: float | None = None  # the mean batch the runtime actually formed, when observed
 
 
 class TrialRunner(Protocol):
@@ -50,6 +59,7 @@ class Profile:
     trials: int
     meets_slo: bool = True
     history: tuple[tuple[int, int, float, float], ...] = field(default=(), repr=False)  # (batch, sm, lat, tput)
+    search_trials: int = 0    # trials spent finding the request and batch (the rest found the limit)
 
 
 class _Recorder:
@@ -89,44 +99,185 @@ def _smallest_share_reaching(run: _Recorder, batch: int, shares: list[int], frac
 
 
 def _knee(run: _Recorder, batch: int, low: int, step: int = 10) -> int:
-    """Smallest SM >= ``low`` (in ``step`` % steps) whose throughput reaches KNEE of the 100 % one."""
-    full = run(batch, 100)
-    if full is None:
+    """Smallest SM >= ``low`` (in ``step`` % steps) whose throughput reaches KNEE of the 100 % one.
+
+    Throughput curves are concave, so the knee lies at or below where the straight line from
+    ``low`` to 100 % reaches the target; the search gallops up from ``low`` within that bound
+    (knees sit near the low end more often than not) and bisects the last gap.
+    """
+    full, start = run(batch, 100), run(batch, low)
+    if full is None or start is None:
         return 100
-    candidates = list(range(low, 101, step))
-    if candidates[-1] != 100:
-        candidates.append(100)
-    return _smallest_share_reaching(run, batch, candidates, KNEE, full)
+    target = KNEE * full.throughput_per_s
+    if start.throughput_per_s >= target:
+        return low
+    fraction = (target - start.throughput_per_s) / max(1e-12, full.throughput_per_s - start.throughput_per_s)
+    chord = low + fraction * (100 - low)
+    candidates = [s for s in range(low + step, 100, step) if s < chord + step] + [100]
+
+    def reaches(i: int) -> bool:
+        if candidates[i] == 100:
+            return True
+        result = run(batch, candidates[i])
+        return result is not None and result.throughput_per_s >= target
+
+    below, jump = -1, 1
+    while True:
+        i = min(below + jump, len(candidates) - 1)
+        if reaches(i):
+            break
+        below, jump = i, jump * 2
+    above = i
+    while above - below > 1:
+        middle = (below + above) // 2
+        if reaches(middle):
+            above = middle
+        else:
+            below = middle
+    return candidates[above]
+
+
+class _Frontier(Enum):
+    INFEASIBLE = "infeasible"   # even the whole device misses the SLO at this batch
+    PRUNED = "pruned"           # the share this batch needs cannot beat the best efficacy found
+
+
+def _efficacy(result: TrialResult, sm: int) -> float:
+    return result.throughput_per_s / sm
+
+
+def _frontier(run: _Recorder, batch: int, shares: list[int], floor: int, slo_s: float,
+              bound: float | None) -> int | _Frontier:
+    """Index of the smallest share (from ``floor``) at which ``batch`` meets the SLO.
+
+    Latency falls as the share grows, so each failed trial predicts the share needed (latency
+    taken as inversely proportional to the share), the prediction is tried next, and a pass
+    is narrowed by bisection. The walk gives up early when more compute no longer shortens
+    the batch (saturation), and prunes when a failed trial's efficacy is already below
+    ``bound``: throughput per share does not rise with the share for a fixed batch, so a
+    larger share cannot do better.
+    """
+    def meets(i: int) -> bool:
+        result = run(batch, shares[i])
+        return result is not None and result.latency_s <= slo_s
+
+    low = floor
+    if meets(low):
+        return low
+    previous: tuple[int, TrialResult] | None = None
+    while True:
+        result = run(batch, shares[low])
+        if result is not None and bound is not None and _efficacy(result, shares[low]) < bound:
+            return _Frontier.PRUNED
+        if result is not None and previous is not None and _saturated(previous, (shares[low], result)):
+            return _Frontier.INFEASIBLE
+        guess = low + 1
+        if result is not None:
+            need = shares[low] * result.latency_s / slo_s
+            guess = max(low + 1, next((i for i, s in enumerate(shares) if s >= need), len(shares) - 1))
+        if guess >= len(shares):
+            return _Frontier.INFEASIBLE
+        if meets(guess):
+            break
+        if guess == len(shares) - 1:
+            return _Frontier.INFEASIBLE
+        if result is not None:
+            previous = (shares[low], result)
+        low = guess
+    high = guess
+    while high - low > 1:
+        middle = (low + high) // 2
+        if meets(middle):
+            high = middle
+        else:
+            low = middle
+    return high
+
+
+def _saturated(before: tuple[int, TrialResult], after: tuple[int, TrialResult]) -> bool:
+    """Whether growing the share bought (almost) no shorter batch: under 5 % of the share's growth."""
+    (sm_a, a), (sm_b, b) = before, after
+    return a.latency_s / b.latency_s - 1 < SATURATION * (sm_b / sm_a - 1)
+
+
+def _batches(max_batch: int) -> list[int]:
+    """1, 2, 4, ... up to ``max_batch`` (which is included even when not a power of two)."""
+    batches = [1]
+    while batches[-1] * 2 <= max_batch:
+        batches.append(batches[-1] * 2)
+    if batches[-1] != max_batch:
+        batches.append(max_batch)
+    return batches
 
 
 def hybrid_growth_search(runner: TrialRunner, slo_s: float, *, max_batch: int = 32, start_sm: int = 10,
-                         sm_step: int = 10) -> Profile:
+                         sm_step: int = 10, tolerance: float = 0.05, patience: int = 2, polish: int = 3) -> Profile:
+    """The most efficient (batch, share) that meets the SLO, and the knee limit of that batch.
+
+    Walks the SLO frontier: for batch 1, 2, 4, ... (never above ``max_batch``, the spec's bound)
+    the smallest share that meets the SLO, starting from the previous batch's share (a larger
+    batch never needs less). Efficacy (throughput per % of share) is compared as the share
+    grows; a batch whose efficacy falls more than ``tolerance`` below the best counts as a fall
+    and ``patience`` falls in a row end the walk (the paper stops at the first fall; one more
+    look gets past the dips that real profiles have). Frontier points whose latency is close to
+    the SLO are then tried one share step up (``polish`` of them, best first): there the batch
+    is latency-bound and a little more compute can raise efficacy. Raises nothing; an SLO no
+    trial meets gives the whole device with ``meets_slo=False``.
+    """
     run = _Recorder(runner)
-    sm, batch = start_sm, 1
-    best: tuple[int, int, TrialResult] | None = None
-    raised_since_best = False
-    while True:
-        result = run(batch, sm)
-        if result is not None and result.latency_s <= slo_s:
-            if best is not None and result.throughput_per_s / sm < best[2].throughput_per_s / best[1]:
-                break  # efficacy falls: a larger batch is not worth its share
-            best, raised_since_best = (batch, sm, result), False
-            if batch * 2 > max_batch:
+    shares = list(range(start_sm, 101, sm_step))
+    if shares[-1] != 100:
+        shares.append(100)
+    best: tuple[float, int, int] | None = None   # (efficacy, batch, share)
+    tight: list[tuple[float, int, int]] = []     # frontier points whose latency is near the SLO
+    floor, falls = 0, 0
+    for batch in _batches(max_batch):
+        found = _frontier(run, batch, shares, floor, slo_s, None if best is None else best[0] * (1 - tolerance))
+        if found is _Frontier.INFEASIBLE:
+            break
+        if found is _Frontier.PRUNED:
+            falls += 1
+            floor = min(floor + 1, len(shares) - 1)
+            if falls >= patience:
                 break
-            batch *= 2
             continue
-        if raised_since_best or sm + sm_step > 100:
-            break  # the SLO still fails after the SM grew, or the GPU is used up
-        sm += sm_step
-        raised_since_best = best is not None
+        sm = shares[found]
+        result = run(batch, sm)
+        efficacy = _efficacy(result, sm)
+        if result.latency_s >= TIGHT * slo_s:
+            tight.append((efficacy, batch, sm))
+        if best is None or efficacy > best[0]:
+            best, falls = (efficacy, batch, sm), 0
+        elif efficacy < best[0] * (1 - tolerance):
+            falls += 1
+            if falls >= patience:
+                break
+        floor = found
+    if best is not None:
+        best = _polish(run, best, tight, slo_s, polish, sm_step)
     if best is None:
         worst = run(1, 100)
         return Profile("inference", 1.0, 1.0, 1, worst.throughput_per_s if worst else 0.0,
                        worst.latency_s if worst else float("inf"), run.count, meets_slo=False, history=run.history())
-    batch, sm, result = best
-    limit = _knee(run, batch, sm)
+    _, batch, sm = best
+    result = run(batch, sm)
+    search_trials = run.count
+    limit = _knee(run, batch, sm, sm_step)
     return Profile("inference", sm / 100, max(sm, limit) / 100, batch, result.throughput_per_s, result.latency_s,
-                   run.count, history=run.history())
+                   run.count, history=run.history(), search_trials=search_trials)
+
+
+def _polish(run: _Recorder, best: tuple[float, int, int], tight: list[tuple[float, int, int]], slo_s: float,
+            count: int, step: int) -> tuple[float, int, int]:
+    """Tries latency-bound frontier points within 10 % of the best one share step up."""
+    candidates = [c for c in sorted(tight, reverse=True) if c[0] >= best[0] * (1 - POLISH_RANGE)][:count]
+    for _, batch, sm in candidates:
+        if sm + step > 100:
+            continue
+        result = run(batch, sm + step)
+        if result is not None and result.latency_s <= slo_s and _efficacy(result, sm + step) > best[0]:
+            best = (_efficacy(result, sm + step), batch, sm + step)
+    return best
 
 
 def grid_search(runner: TrialRunner, slo_s: float, *, batches: Iterable[int] = (1, 2, 4, 8, 16, 32),
@@ -154,16 +305,20 @@ def grid_search(runner: TrialRunner, slo_s: float, *, batches: Iterable[int] = (
                    run.count, history=run.history())
 
 
-def training_search(runner: TrialRunner, *, batch: int, threshold: float = 0.98, step: int = 5) -> Profile:
-    """Binary search for the smallest SM (``step`` % steps) keeping ``threshold`` of full throughput."""
+def training_search(runner: TrialRunner, *, batch: int, step: int = 5) -> Profile:
+    """Request: the smallest share (``step`` % steps) keeping KNEE of the full-device rate;
+    limit: the smallest keeping SATURATED of it. The limit's search starts at the request."""
     run = _Recorder(runner)
     full = run(batch, 100)
     if full is None:
         raise ValueError(f"the training job cannot run at batch {batch} on a whole GPU")
-    sm = _smallest_share_reaching(run, batch, list(range(step, 101, step)), threshold, full)
-    result = run(batch, sm)
-    return Profile("training", sm / 100, sm / 100, batch, result.throughput_per_s, result.latency_s, run.count,
-                   history=run.history())
+    shares = list(range(step, 101, step))
+    request = _smallest_share_reaching(run, batch, shares, KNEE, full)
+    search_trials = run.count
+    limit = _smallest_share_reaching(run, batch, [s for s in shares if s >= request], SATURATED, full)
+    result = run(batch, request)
+    return Profile("training", request / 100, limit / 100, batch, result.throughput_per_s, result.latency_s,
+                   run.count, history=run.history(), search_trials=search_trials)
 
 
 class TableRunner:

@@ -15,7 +15,7 @@ from tests.conftest import FIXTURE_FUNCTIONS, ROOT
 from tests.waiting import eventually
 from worker.cgroups import CpuLimiter
 
-TRACE = ROOT.parent / "shared" / "data" / "traces" / "rps" / "bursty.txt"
+TRACE = ROOT / "data" / "traces" / "rps" / "bursty.txt"
 
 needs_cgroups = pytest.mark.skipif(not CpuLimiter().available, reason="no writable cgroup cpu controller")
 
