@@ -5,11 +5,19 @@ Contract (duck-typed, subclassing is optional):
 - ``load()`` is called exactly once before the instance reports ready; raising fails the instance.
 - ``predict(inputs: list) -> list`` receives a batch of decoded JSON request bodies and returns
   one JSON-serialisable result per input, in order.
+- An input the handler cannot accept is the caller's fault: raise ``InputError`` (or return an
+  ``InputError`` in its place) and that request is answered 422 with the message. Any other
+  exception is answered 500 with its message. Either way, when a batch fails the runtime runs
+  its halves again (recursively), so only the requests that fail on their own get the error.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+
+class InputError(ValueError):
+    """The request's input is unusable (the caller's fault); answered 422 with this message."""
 
 
 class Handler:

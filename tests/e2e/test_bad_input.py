@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.conftest import FIXTURE_FUNCTIONS
@@ -138,3 +140,21 @@ def test_cold_start_queue_overflow_and_deadline(start_platform, tmp_path: Path) 
     reply = platform.invoke("slow", {"n": 3})
     assert reply.status_code == 200 and reply.json() == {"input": {"n": 3}}
 
+
+
+async def test_a_bad_input_in_a_batch_fails_only_its_own_request(serving, tmp_path: Path) -> None:
+    """Eight concurrent requests batched together: the malformed one gets 422, the one the
+    handler fails on gets 500 with the handler's message, the six others their results."""
+    source = shutil.copytree(FIXTURE_FUNCTIONS / "picky", tmp_path / "picky")
+    assert serving.cli("deploy", str(source / "model.yaml")).returncode == 0
+    serving.wait_ready("picky")
+    bodies = [{"x": 1}, {"x": 4}, {"x": "four"}, {"x": 9}, {"x": -1}, {"x": 16}, {"x": 25}, {"x": 36}]
+    async with httpx.AsyncClient(base_url=serving.url, timeout=60) as client:
+        replies = await asyncio.gather(*(client.post("/v1/functions/picky/invoke", json=b) for b in bodies))
+    statuses = [r.status_code for r in replies]
+    assert statuses == [200, 200, 422, 200, 500, 200, 200, 200], [r.text for r in replies]
+    assert [r.json()["root"] for r in replies if r.status_code == 200] == [1, 2, 3, 4, 5, 6]
+    assert "x must be a number, got 'four'" in replies[2].json()["error"]
+    assert "negative number" in replies[4].json()["error"]
+    assert max(int(r.headers["x-dilu-batch-size"]) for r in replies if r.status_code == 200) > 1, \
+        "the requests were batched together"

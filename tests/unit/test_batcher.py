@@ -7,6 +7,7 @@ import threading
 
 import pytest
 
+from dilu import InputError
 from worker.runtime.batcher import Batcher, BatchError
 
 
@@ -55,12 +56,43 @@ async def test_max_wait_collects_a_full_batch() -> None:
 
 @pytest.mark.parametrize(("label", "predict", "message"), [
     ("handler raises", lambda xs: 1 / 0, "ZeroDivisionError"),
-    ("wrong length", lambda xs: xs[:-1], "must return a list of 2 results"),
+    ("wrong length", lambda xs: xs[:-1], "must return a list of 1 results"),
     ("not a list", lambda xs: "nope", "got str"),
 ])
-async def test_handler_errors_reach_every_caller(label, predict, message) -> None:  # noqa: ANN001
+async def test_errors_every_input_hits_reach_every_caller(label, predict, message) -> None:  # noqa: ANN001
     batcher = Batcher(predict, max_batch_size=2, max_wait_s=30.0)
     runner = asyncio.create_task(batcher.run())
     results = await asyncio.gather(batcher.submit(1), batcher.submit(2), return_exceptions=True)
     runner.cancel()
     assert all(isinstance(r, BatchError) and message in str(r) for r in results), (label, results)
+
+
+def picky(inputs: list) -> list:
+    """Fails the whole batch when any input is negative (as a tensor op would); 'bad' is rejected."""
+    if any(x == "bad" for x in inputs):
+        raise InputError("'bad' is not a number")
+    if any(x < 0 for x in inputs):
+        raise RuntimeError("negative input")
+    return [x * 10 for x in inputs]
+
+
+async def test_one_bad_input_does_not_fail_its_batch_mates() -> None:
+    batcher = Batcher(picky, max_batch_size=8, max_wait_s=30.0)
+    runner = asyncio.create_task(batcher.run())
+    inputs = [1, 2, "bad", 3, -1, 4, 5, 6]
+    results = await asyncio.gather(*(batcher.submit(x) for x in inputs), return_exceptions=True)
+    runner.cancel()
+    assert [r.output for r in results if not isinstance(r, Exception)] == [10, 20, 30, 40, 50, 60]
+    rejected, failed = results[2], results[4]
+    assert isinstance(rejected, BatchError) and rejected.status == 422 and "not a number" in str(rejected)
+    assert isinstance(failed, BatchError) and failed.status == 500 and "negative input" in str(failed)
+
+
+async def test_a_returned_input_error_rejects_only_that_input() -> None:
+    batcher = Batcher(lambda xs: [InputError("odd") if x % 2 else x for x in xs], max_batch_size=4, max_wait_s=30.0)
+    runner = asyncio.create_task(batcher.run())
+    results = await asyncio.gather(*(batcher.submit(x) for x in range(4)), return_exceptions=True)
+    runner.cancel()
+    assert [r.output for r in results[::2]] == [0, 2]
+    assert all(isinstance(r, BatchError) and r.status == 422 for r in results[1::2])
+    assert results[0].batch_size == 4, "the good inputs were served in one batch, not re-run"

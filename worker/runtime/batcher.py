@@ -9,6 +9,8 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
+from dilu.handler import InputError
+
 
 @dataclass(frozen=True)
 class BatchResult:
@@ -19,7 +21,20 @@ class BatchResult:
 
 
 class BatchError(Exception):
-    """The handler failed on the batch this request rode in."""
+    """The handler failed on this request; ``status`` is 422 when it rejected the input as the
+    caller's fault (``dilu.InputError``), 500 otherwise."""
+
+    def __init__(self, message: str, status: int = 500) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _as_error(exc: BaseException) -> BatchError:
+    if isinstance(exc, BatchError):
+        return exc
+    if isinstance(exc, InputError):
+        return BatchError(str(exc), 422)
+    return BatchError(f"{type(exc).__name__}: {exc}")
 
 
 class Batcher:
@@ -29,6 +44,11 @@ class Batcher:
     first input arrived; with ``max_wait_s == 0`` it takes whatever is already waiting. Batches
     run one at a time (models are rarely thread-safe), so requests that arrive during a batch
     form the next one.
+
+    One bad input does not fail its batch-mates: when ``predict`` raises for a batch of several,
+    the batch is halved and each half run again, recursively, so only the inputs that fail on
+    their own get an error (k bad inputs cost about k x log2(batch) extra calls). A
+    handler may also return an ``InputError`` in place of one result to reject that input.
     """
 
     def __init__(self, predict: Callable[[list[Any]], list[Any]], *, max_batch_size: int,
@@ -68,17 +88,32 @@ class Batcher:
         inputs = [item for item, _, _ in batch]
         started = time.perf_counter()
         try:
-            outputs = await loop.run_in_executor(self._executor, self._predict, inputs)
-            if not isinstance(outputs, (list, tuple)) or len(outputs) != len(inputs):
-                got = len(outputs) if isinstance(outputs, (list, tuple)) else type(outputs).__name__
-                raise BatchError(f"predict() must return a list of {len(inputs)} results, got {got}")
-        except Exception as exc:  # the handler's error goes back to every caller of the batch
-            error = exc if isinstance(exc, BatchError) else BatchError(f"{type(exc).__name__}: {exc}")
-            for _, future, _ in batch:
-                if not future.done():
-                    future.set_exception(error)
+            outputs = await self._call(loop, inputs)
+        except Exception as exc:
+            if len(batch) == 1:
+                self._settle(batch[0][1], exc)
+                return
+            # Isolate the failing input(s) by halving: halves that succeed are served as a batch,
+            # a failing half is split again, down to the inputs that fail on their own.
+            half = len(batch) // 2
+            await self._run_batch(loop, batch[:half])
+            await self._run_batch(loop, batch[half:])
             return
         compute = time.perf_counter() - started
         for (_, future, submitted), output in zip(batch, outputs):
-            if not future.done():
+            if isinstance(output, InputError):
+                self._settle(future, output)
+            elif not future.done():
                 future.set_result(BatchResult(output, len(batch), started - submitted, compute))
+
+    async def _call(self, loop: asyncio.AbstractEventLoop, inputs: list[Any]) -> list[Any]:
+        outputs = await loop.run_in_executor(self._executor, self._predict, inputs)
+        if not isinstance(outputs, (list, tuple)) or len(outputs) != len(inputs):
+            got = len(outputs) if isinstance(outputs, (list, tuple)) else type(outputs).__name__
+            raise BatchError(f"predict() must return a list of {len(inputs)} results, got {got}")
+        return list(outputs)
+
+    @staticmethod
+    def _settle(future: asyncio.Future, exc: BaseException) -> None:
+        if not future.done():
+            future.set_exception(_as_error(exc))

@@ -85,7 +85,7 @@ def create_app(state: RuntimeState, lifespan=None) -> Starlette:  # noqa: ANN001
         try:
             result = await state.batcher.submit(payload)
         except BatchError as exc:
-            return _error(500, f"handler error: {exc}")
+            return _error(exc.status, f"invalid input: {exc}" if exc.status < 500 else f"handler error: {exc}")
         try:
             content = json.dumps(result.output)
         except (TypeError, ValueError) as exc:
