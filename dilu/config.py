@@ -64,7 +64,7 @@ class ControllerSettings(CommonSettings):
 
     reconcile_interval_s: float = Field(0.5, gt=0)
     worker_ttl_s: float = Field(5.0, gt=0, description="A worker silent this long is lost")
-    default_keep_alive_s: float = Field(60.0, ge=0)
+    cold_start_default_s: float = Field(2.0, ge=0, description="Assumed cold start of a version never started yet")
     scheduler: str = Field("dilu", description="dilu | exclusive | static-limits | request-only")
     profiling: bool = Field(True, description="Profile functions whose spec does not pin a slice")
     profile_trial_s: float = Field(0.5, gt=0, description="Load applied per profiling trial")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,7 +24,8 @@ from dilu.db.models import FunctionRow, InstanceRow, ProfileRow
 from dilu.messages import ACTIVE_STATES, FAILED, READY, FunctionActivity, WorkerInfo
 from dilu.policy.horizontal import HorizontalContext, HorizontalParams, HorizontalState
 from dilu.policy.horizontal import decide as decide_horizontal
-from dilu.policy.keepalive import KeepAliveParams, KeepAliveState, observe, windows
+from dilu.policy.keepalive import KeepAliveParams, KeepAliveState, observe
+from dilu.policy.keepalive import decide as decide_keepalive
 from dilu.policy.replicas import ReplicaContext, desired_instances
 from dilu.state.base import Channel
 from worker.client import WorkerUnavailable
@@ -72,7 +75,7 @@ class FunctionManager:
 
         chosen = effective_slice(function, profile)
         await self.actuator.resize(function, current, chosen, live)
-        decision = self._decide(function, current, profile, activity, telemetry, memory)
+        decision = self._decide(function, rows, current, profile, activity, telemetry, memory)
         if decision.desired > len(current):
             for _ in range(decision.desired - len(current)):
                 if await self.actuator.start(function, chosen, live, decision.reason) is None:
@@ -83,17 +86,17 @@ class FunctionManager:
             for row in victims:
                 await self.actuator.stop(row, decision.reason)
 
-    def _decide(self, function: FunctionRow, current: list[InstanceRow], profile: ProfileRow | None,
-                activity: FunctionActivity, telemetry: dict, memory: _FunctionMemory):  # noqa: ANN202
+    def _decide(self, function: FunctionRow, rows: list[InstanceRow], current: list[InstanceRow],
+                profile: ProfileRow | None, activity: FunctionActivity, telemetry: dict,
+                memory: _FunctionMemory):  # noqa: ANN202
         spec, now = function.spec, time.time()
         scaling = spec["scaling"]
-        # Idle times come from the per-second request counts: a gap between two seconds with
-        # requests (1 s resolution; consecutive busy seconds are no idle time).
+        # Idle times come from the per-second request counts: every gap between two seconds with
+        # requests is one (1 s resolution: consecutive busy seconds are a gap of one second).
         for second in sorted(s for s, count in activity.requests.items() if count and s > memory.last_second_seen
                              and s < int(now)):
-            memory.keepalive = observe(memory.keepalive, float(second), self.keepalive_params, gap_min_s=2.0)
+            memory.keepalive = observe(memory.keepalive, float(second), self.keepalive_params)
             memory.last_second_seen = second
-        keep = windows(memory.keepalive, scaling["keep_alive_s"], self.keepalive_params)
         lazy, lazy_reason = None, ""
         throughput = profile.throughput_per_s if profile is not None and profile.status == "done" else None
         if throughput and function.status == "ready":
@@ -105,12 +108,17 @@ class FunctionManager:
             lazy, lazy_reason = horizontal.desired, horizontal.reason
         became_ready = function.updated_at.timestamp() if function.status == "ready" else None
         last_active = max([t for t in (activity.last_request_at, became_ready) if t is not None], default=None)
+        idle_s = math.inf if last_active is None else max(0.0, now - last_active)
+        keep = decide_keepalive(memory.keepalive, idle_s, fixed_keep_alive_s=scaling["keep_alive_s"],
+                                cold_start_s=cold_start_estimate(rows, function.version,
+                                                                 self.settings.cold_start_default_s),
+                                params=self.keepalive_params)
         return desired_instances(ReplicaContext(
-            now=now, status=function.status, min_instances=scaling["min_instances"],
-            max_instances=scaling["max_instances"], keep_alive_s=keep.keep_until_s, current=len(current),
-            in_flight=activity.in_flight, queued=activity.queued, last_active_at=last_active,
+            status=function.status, min_instances=scaling["min_instances"],
+            max_instances=scaling["max_instances"], current=len(current),
+            in_flight=activity.in_flight, queued=activity.queued,
             concurrency_per_instance=2 * spec["batching"]["max_batch_size"], lazy_desired=lazy,
-            prewarm_after_s=keep.prewarm_after_s, lazy_reason=lazy_reason))
+            lazy_reason=lazy_reason, keep=keep.verdict, keep_reason=keep.reason))
 
     # ---- profiling ----
     def _needs_profile(self, function: FunctionRow, profile: ProfileRow | None) -> bool:
@@ -237,3 +245,12 @@ def _at_limits(current: list[InstanceRow], telemetry: dict) -> bool:
     if not any(views):
         return True
     return all(v is None or v.get("used_share", 0) >= 0.9 * (r.sm_limit or 1.0) for r, v in zip(current, views))
+
+
+def cold_start_estimate(rows: list[InstanceRow], version: int, default_s: float, newest: int = 5) -> float:
+    """The function version's cold-start time: the median, over its newest serving instances that
+    became ready, of creation to ready (placement, process start, imports, ``load()``)."""
+    times = sorted(((r.created_at, (r.ready_at - r.created_at).total_seconds()) for r in rows
+                    if r.function_version == version and r.role == "serve" and r.ready_at is not None),
+                   reverse=True)[:newest]
+    return statistics.median(t for _, t in times) if times else default_s

@@ -5,7 +5,8 @@ Every ``interval_s`` the controller records the last second's request rate. Over
 of ``window`` samples: scale out when at least ``out_samples`` exceed N x per-instance throughput
 *and* the instances already run at their compute limits (vertical headroom is used up); scale in
 when at least ``in_samples`` are below (N - 1) x throughput. The window is cleared after acting,
-so the next decision needs fresh evidence. Scale-from-zero is immediate.
+so the next decision needs fresh evidence. Scaling from zero is not decided here but in
+``dilu.policy.replicas`` (at once, when a request waits).
 """
 
 from __future__ import annotations
@@ -51,9 +52,6 @@ class ScaleDecision:
 def decide(ctx: HorizontalContext, state: HorizontalState) -> tuple[ScaleDecision, HorizontalState]:
     params = ctx.params
     clamp = lambda n: max(ctx.min_instances, min(ctx.max_instances, n))  # noqa: E731
-    if ctx.current == 0 and (ctx.rate_per_s > 0 or ctx.queued > 0):
-        desired = clamp(max(1, ctx.min_instances))
-        return ScaleDecision(desired, "scale from zero: requests are waiting", True), HorizontalState((), ctx.now)
     if state.last_sample_at is not None and ctx.now - state.last_sample_at < params.interval_s:
         return ScaleDecision(ctx.current), state
     samples = (state.samples + (ctx.rate_per_s,))[-params.window:]

@@ -1,27 +1,40 @@
 """Keep-alive and pre-warming from a per-function histogram of idle times.
 
-Each gap between a function's consecutive requests is an idle time. With enough of them
-(``min_samples``) and most inside the histogram's range, the policy predicts the next request:
-the instance may be unloaded right after use and pre-warmed at the 5th percentile of idle times
-(minus a margin), then kept until the 99th percentile (plus a margin). For new functions, or
-irregular ones (too few samples, or most gaps beyond the range), a fixed keep-alive window
-applies instead. Times are seconds since the last request.
+Each gap between two of a function's requests that the controller can see (it counts requests
+per second, so gaps are whole seconds, one or more) is an idle time. The decision, taken every
+pass with the time idle so far ``t``, conditions the histogram on ``t``: only the idle times
+longer than ``t`` say when the next request can still come. With ``head`` the 5th percentile
+of those, the next request is unlikely before ``head``:
+
+- ``t`` under ``burst_s``: the function is inside a burst; keep (never unload between the
+  requests of a burst).
+- ``head - t`` shorter than a cold start (the function version's measured cold-start time plus
+  a margin): the next request is due sooner than an instance could be loaded; keep it warm,
+  and pre-warm one if none runs.
+- otherwise: unload now; the instance is pre-warmed once ``t`` reaches ``head`` less the
+  cold start, so it is ready when the next request is due.
+- ``t`` beyond every idle time seen: the histogram knows nothing of what comes next, so the
+  spec's fixed ``keep_alive_s`` applies (a function that has only seen steady traffic is not
+  unloaded at its first pause).
+
+New functions (fewer than ``min_samples`` idle times) keep the spec's fixed ``keep_alive_s``.
+Times are seconds; ``now`` is always an argument.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 
 @dataclass(frozen=True)
 class KeepAliveParams:
     min_samples: int = 10
     history: int = 500
-    range_s: float = 4 * 3600.0
     head_percentile: float = 5.0
-    tail_percentile: float = 99.0
-    margin: float = 0.15
-    min_unload_s: float = 2.0   # shorter pre-warm gaps are not worth unloading for
+    margin: float = 0.15          # widens the cold-start lead
+    burst_s: float = 2.0          # idle less than this is inside a burst
+    lead_s: float = 1.0           # pre-warm this much earlier than the cold start alone needs
 
 
 @dataclass(frozen=True)
@@ -30,17 +43,22 @@ class KeepAliveState:
     last_request_at: float | None = None
 
 
+class Verdict(str, Enum):
+    HOLD = "hold"       # keep what runs, start nothing
+    WARM = "warm"       # keep what runs, and have at least one instance (pre-warm)
+    UNLOAD = "unload"   # down to the minimum
+
+
 @dataclass(frozen=True)
-class KeepAliveWindows:
-    mode: str                   # "histogram" | "fixed"
-    prewarm_after_s: float | None  # unload after use, load again this long after the last request
-    keep_until_s: float         # unload this long after the last request
+class KeepAliveDecision:
+    verdict: Verdict
+    mode: str           # "histogram" | "fixed"
     reason: str
 
 
 def observe(state: KeepAliveState, request_at: float, params: KeepAliveParams = KeepAliveParams(),
-            gap_min_s: float = 0.5) -> KeepAliveState:
-    """Records a request; a gap longer than ``gap_min_s`` since the previous one is an idle time."""
+            gap_min_s: float = 1.0) -> KeepAliveState:
+    """Records a request; a gap of at least ``gap_min_s`` since the previous one is an idle time."""
     if state.last_request_at is None or request_at <= state.last_request_at:
         return KeepAliveState(state.idle_times, request_at if state.last_request_at is None
                               else max(state.last_request_at, request_at))
@@ -49,7 +67,7 @@ def observe(state: KeepAliveState, request_at: float, params: KeepAliveParams = 
     return KeepAliveState(idle, request_at)
 
 
-def _percentile(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     position = (len(ordered) - 1) * q / 100
     low = int(position)
@@ -57,17 +75,27 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
-def windows(state: KeepAliveState, fixed_keep_alive_s: float,
-            params: KeepAliveParams = KeepAliveParams()) -> KeepAliveWindows:
+def decide(state: KeepAliveState, idle_s: float, *, fixed_keep_alive_s: float, cold_start_s: float,
+           params: KeepAliveParams = KeepAliveParams()) -> KeepAliveDecision:
+    """What to do with a function that has been idle for ``idle_s`` (no request waiting)."""
     idle = list(state.idle_times)
     if len(idle) < params.min_samples:
-        return KeepAliveWindows("fixed", None, fixed_keep_alive_s, f"{len(idle)} idle times so far")
-    inside = [t for t in idle if t <= params.range_s]
-    if len(inside) < 0.5 * len(idle):
-        return KeepAliveWindows("fixed", None, fixed_keep_alive_s, "irregular: most idle times beyond range")
-    head = _percentile(inside, params.head_percentile) * (1 - params.margin)
-    tail = _percentile(inside, params.tail_percentile) * (1 + params.margin)
-    prewarm = head if head >= params.min_unload_s else None
-    return KeepAliveWindows("histogram", prewarm, tail,
-                            f"p{params.head_percentile:g}={head:.1f}s, p{params.tail_percentile:g}={tail:.1f}s "
-                            f"of {len(inside)} idle times")
+        return _fixed(idle_s, fixed_keep_alive_s, f"{len(idle)} idle times so far")
+    if idle_s < params.burst_s:
+        return KeepAliveDecision(Verdict.HOLD, "histogram", "inside a burst")
+    later = [t for t in idle if t > idle_s]
+    if not later:
+        return _fixed(idle_s, fixed_keep_alive_s, f"longer than all {len(idle)} idle times seen")
+    head = percentile(later, params.head_percentile)
+    lead = cold_start_s * (1 + params.margin) + params.lead_s
+    if head - idle_s <= lead:
+        return KeepAliveDecision(Verdict.WARM, "histogram", f"next request due in {max(0.0, head - idle_s):.1f}s, "
+                                                            f"within a {cold_start_s:.1f}s cold start")
+    return KeepAliveDecision(Verdict.UNLOAD, "histogram", f"next request not due for {head - idle_s:.1f}s; "
+                                                          f"pre-warm at {head - lead:.1f}s idle")
+
+
+def _fixed(idle_s: float, keep_alive_s: float, why: str) -> KeepAliveDecision:
+    if idle_s < keep_alive_s:
+        return KeepAliveDecision(Verdict.HOLD, "fixed", f"within keep-alive ({why})")
+    return KeepAliveDecision(Verdict.UNLOAD, "fixed", f"idle for {min(idle_s, 1e9):.0f}s >= keep-alive {keep_alive_s:g}s")

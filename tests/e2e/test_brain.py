@@ -120,7 +120,7 @@ def test_an_idle_function_goes_to_zero_and_is_prewarmed_before_its_next_request(
         served_warm.append(warm)
     events = platform.http.get("/v1/functions/regular/events").json()
     reasons = [e["reason"] for e in events]
-    assert any("unloaded until the pre-warm" in r for r in reasons), reasons
+    assert any("pre-warm at" in r for r in reasons), reasons
     assert any(r.startswith("pre-warm") for r in reasons), reasons
     assert served_warm[-1] and served_warm[-2], f"the last requests found a pre-warmed instance: {served_warm}"
 

@@ -36,9 +36,9 @@ def test_lazy_scaling(label: str, rates: list[float], kwargs: dict, expect_chang
     assert changes == expect_changes, label
 
 
-def test_scale_from_zero_is_immediate() -> None:
+def test_scaling_from_zero_is_left_to_the_replica_policy() -> None:
     decision, _ = decide(HorizontalContext(1.0, 0, 0, 3, 0.0, 10.0, queued=1, params=P), HorizontalState())
-    assert decision.changed and decision.desired == 1 and "zero" in decision.reason
+    assert not decision.changed and decision.desired == 0
 
 
 def test_samples_are_taken_once_per_interval() -> None:

@@ -1,10 +1,10 @@
-"""Keep-alive windows from the idle-time histogram, with a fake clock."""
+"""Keep-alive verdicts from the idle-time histogram, with a fake clock."""
 
 from __future__ import annotations
 
 import pytest
 
-from dilu.policy.keepalive import KeepAliveParams, KeepAliveState, observe, windows
+from dilu.policy.keepalive import KeepAliveParams, KeepAliveState, Verdict, decide, observe
 
 P = KeepAliveParams(min_samples=5)
 
@@ -18,22 +18,51 @@ def history(gaps: list[float]) -> KeepAliveState:
     return state
 
 
-@pytest.mark.parametrize(("label", "gaps", "mode", "prewarm", "keep"), [
-    ("new function uses the fixed window", [10, 10], "fixed", None, 60.0),
-    ("regular gaps pre-warm before the next request", [10] * 10, "histogram", 8.5, 11.5),
-    ("short gaps keep the instance loaded", [1.0] * 10, "histogram", None, 1.15),
-    ("irregular gaps fall back to fixed", [10, 20] + [50000] * 8, "fixed", None, 60.0),
-    ("bursts within a second are not idle times", [0.1] * 20 + [10] * 3, "fixed", None, 60.0),
+# Bursts: 20 requests one second apart, then 40 s of silence; five of them.
+BURSTY = ([1.0] * 19 + [40.0]) * 5
+
+
+@pytest.mark.parametrize(("label", "gaps", "idle", "cold", "verdict", "reason"), [
+    ("new function holds within the fixed window", [10, 10], 59, 1, Verdict.HOLD, "within keep-alive"),
+    ("new function unloads past the fixed window", [10, 10], 60, 1, Verdict.UNLOAD, "keep-alive 60s"),
+    ("never unloads inside a burst", BURSTY, 1.5, 1, Verdict.HOLD, "inside a burst"),
+    ("unloads once the burst is over", BURSTY, 2.5, 1, Verdict.UNLOAD, "pre-warm at"),
+    ("pre-warms a cold start ahead of the next burst", BURSTY, 38.0, 1, Verdict.WARM, "next request due"),
+    ("a slower cold start pre-warms earlier", BURSTY, 30.0, 8, Verdict.WARM, "8.0s cold start"),
+    ("the same idle time with a fast cold start stays unloaded", BURSTY, 30.0, 1, Verdict.UNLOAD, "not due"),
+    ("past every idle time seen the fixed window holds", BURSTY, 47.0, 1, Verdict.HOLD, "longer than all"),
+    ("... and then unloads", BURSTY, 61.0, 1, Verdict.UNLOAD, "keep-alive 60s"),
+    ("steady traffic is not unloaded at its first pause", [1.0] * 30, 5.0, 1, Verdict.HOLD, "within keep-alive"),
+    ("regular short gaps keep the instance", [3.0] * 10, 2.5, 1, Verdict.WARM, "due in"),
+    ("one-second gaps are learned", [1.0] * 10, 0.5, 1, Verdict.HOLD, "inside a burst"),
 ])
-def test_windows(label: str, gaps: list[float], mode: str, prewarm: float | None, keep: float) -> None:
-    result = windows(history(gaps), 60.0, P)
-    assert result.mode == mode, (label, result)
-    assert (result.prewarm_after_s is None) == (prewarm is None)
-    if prewarm is not None:
-        assert result.prewarm_after_s == pytest.approx(prewarm)
-    assert result.keep_until_s == pytest.approx(keep)
+def test_decide(label: str, gaps: list[float], idle: float, cold: float, verdict: Verdict, reason: str) -> None:
+    decision = decide(history(gaps), idle, fixed_keep_alive_s=60.0, cold_start_s=cold, params=P)
+    assert decision.verdict == verdict, (label, decision)
+    assert reason in decision.reason, (label, decision)
 
 
-def test_percentiles_follow_the_spread() -> None:
-    result = windows(history([5, 6, 7, 8, 9, 10, 11, 12, 13, 14]), 60.0, P)
-    assert 4.0 < result.prewarm_after_s < 5.0 and 15.5 < result.keep_until_s < 16.5
+def test_every_gap_of_a_second_or_more_enters_the_histogram() -> None:
+    state = history([0.2, 1.0, 1.0, 3.0, 0.5, 40.0])
+    assert state.idle_times == (1.0, 1.0, 3.0, 40.0)
+
+
+def test_a_burst_replayed_sees_at_most_one_unload_per_pause() -> None:
+    """Replays the bursty pattern second by second: the instance stays through each burst, is
+    unloaded once per pause, and is warm again before the next burst starts."""
+    state = history(BURSTY)
+    warm, unloads, cold_hits, last_request = True, 0, 0, 0.0
+    for second in range(0, 300):
+        in_burst = second % 59 < 20
+        if in_burst:
+            cold_hits += 0 if warm else 1
+            warm, last_request = True, float(second)
+            continue
+        verdict = decide(state, second - last_request, fixed_keep_alive_s=60.0, cold_start_s=2.0, params=P).verdict
+        if verdict == Verdict.UNLOAD and warm:
+            unloads += 1
+            warm = False
+        elif verdict == Verdict.WARM:
+            warm = True
+    assert cold_hits == 0, "every burst found an instance pre-warmed"
+    assert unloads == 5, "one unload per pause"

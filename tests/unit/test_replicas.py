@@ -6,11 +6,11 @@ from dataclasses import replace
 
 import pytest
 
+from dilu.policy.keepalive import Verdict
 from dilu.policy.replicas import ReplicaContext, desired_instances
 
-NOW = 10_000.0
-BASE = ReplicaContext(now=NOW, status="ready", min_instances=0, max_instances=4, keep_alive_s=60,
-                      current=1, last_active_at=NOW - 1, concurrency_per_instance=2)
+BASE = ReplicaContext(status="ready", min_instances=0, max_instances=4, current=1, concurrency_per_instance=2)
+UNLOAD = {"keep": Verdict.UNLOAD, "keep_reason": "idle for 60s >= keep-alive 60s"}
 
 
 def expect(ctx: ReplicaContext, desired: int, reason_has: str) -> None:
@@ -23,30 +23,25 @@ def expect(ctx: ReplicaContext, desired: int, reason_has: str) -> None:
     ("failed function runs nothing", replace(BASE, status="failed", min_instances=2), 0, "failed"),
     ("deploying starts one to verify", replace(BASE, status="deploying", current=0), 1, "verifying"),
     ("deploying keeps min when larger", replace(BASE, status="deploying", current=0, min_instances=3), 3, "verifying"),
-    ("queued request scales from zero", replace(BASE, current=0, queued=1, last_active_at=None), 1, "scale from zero"),
+    ("queued request scales from zero", replace(BASE, current=0, queued=1), 1, "scale from zero"),
     ("demand beyond capacity adds instances", replace(BASE, current=1, in_flight=5), 3, "need 3"),
     ("demand capped at max", replace(BASE, current=1, in_flight=100), 4, "need 50"),
     ("busy never scales in", replace(BASE, current=3, in_flight=1), 3, "serving"),
-    ("idle within keep-alive keeps instances", replace(BASE, current=2, last_active_at=NOW - 59), 2, "within keep-alive"),
-    ("idle past keep-alive goes to zero", replace(BASE, current=2, last_active_at=NOW - 60), 0, "keep-alive 60s"),
-    ("idle past keep-alive stops at minimum", replace(BASE, current=3, min_instances=1, last_active_at=NOW - 600), 1, "idle"),
-    ("never used counts as idle", replace(BASE, current=1, last_active_at=None), 0, "idle"),
-    ("below minimum is restored", replace(BASE, current=0, min_instances=2, last_active_at=None), 2, "at minimum"),
-    ("keep-alive zero stops at once", replace(BASE, keep_alive_s=0, last_active_at=NOW), 0, "idle"),
+    ("idle within keep-alive keeps instances", replace(BASE, current=2), 2, "within keep-alive"),
+    ("idle past keep-alive goes to zero", replace(BASE, current=2, **UNLOAD), 0, "keep-alive 60s"),
+    ("idle past keep-alive stops at minimum", replace(BASE, current=3, min_instances=1, **UNLOAD), 1, "idle"),
+    ("below minimum is restored", replace(BASE, current=0, min_instances=2, **UNLOAD), 2, "at minimum"),
     ("profiling runs no serving instance", replace(BASE, status="profiling", current=0), 0, "profiling"),
     ("busy and profiled: the lazy scaler decides", replace(BASE, current=2, in_flight=9, lazy_desired=2), 2, "serving"),
     ("lazy scale out", replace(BASE, current=2, in_flight=9, lazy_desired=3), 3, "horizontal"),
-    ("lazy scale out between requests", replace(BASE, current=1, lazy_desired=2, last_active_at=NOW - 0.2), 2,
-     "horizontal"),
-    ("lazy scale in while lightly used", replace(BASE, current=3, lazy_desired=2, last_active_at=NOW - 1), 2,
-     "horizontal"),
-    ("histogram: unload after use", replace(BASE, current=1, keep_alive_s=12, prewarm_after_s=8,
-                                            last_active_at=NOW - 1), 0, "pre-warm at 8.0s"),
-    ("histogram: pre-warm before the next request", replace(BASE, current=0, keep_alive_s=12,
-                                                             prewarm_after_s=8, last_active_at=NOW - 9), 1,
-     "pre-warm"),
-    ("histogram: past the tail, back to zero", replace(BASE, current=1, keep_alive_s=12, prewarm_after_s=8,
-                                                         last_active_at=NOW - 13), 0, "idle"),
+    ("lazy scale out between requests", replace(BASE, current=1, lazy_desired=2), 2, "horizontal"),
+    ("lazy scale in while lightly used", replace(BASE, current=3, lazy_desired=2), 2, "horizontal"),
+    ("keep-alive says unload after use", replace(BASE, current=1, keep=Verdict.UNLOAD,
+                                                 keep_reason="pre-warm at 8.0s idle"), 0, "pre-warm at 8.0s"),
+    ("keep-alive pre-warms before the next request", replace(BASE, current=0, keep=Verdict.WARM,
+                                                              keep_reason="next request due in 1.0s"), 1, "pre-warm"),
+    ("a warm verdict keeps what runs", replace(BASE, current=2, keep=Verdict.WARM, keep_reason="due"), 2, "due"),
+    ("a hold verdict starts nothing", replace(BASE, current=0), 0, "within keep-alive"),
 ])
 def test_desired_instances(label: str, ctx: ReplicaContext, desired: int, reason: str) -> None:
     expect(ctx, desired, reason)
