@@ -25,6 +25,8 @@ class CommonSettings(BaseSettings):
     database_url: str | None = Field(None, description="SQLAlchemy URL; SQLite under home when unset")
     redis_url: str | None = Field(None, description="Redis URL; in-process store when unset")
     redis_prefix: str = Field("dilu:", description="Prefix of every Redis key and channel")
+    scheduler: str = Field("dilu", description="dilu | exclusive | static-limits | request-only (placement "
+                                               "and the admission of resizes)")
 
     @field_validator("database_url")
     @classmethod
@@ -34,6 +36,15 @@ class CommonSettings(BaseSettings):
             return "postgresql+psycopg://" + value[len("postgresql://"):]
         if value and value.startswith("postgres://"):
             return "postgresql+psycopg://" + value[len("postgres://"):]
+        return value
+
+    @field_validator("scheduler")
+    @classmethod
+    def _known_scheduler(cls, value: str) -> str:
+        from dilu.policy.scheduler.profiles import Policy
+
+        if value not in {p.value for p in Policy}:
+            raise ValueError(f"unknown scheduler {value!r}; known: {', '.join(p.value for p in Policy)}")
         return value
 
     @computed_field  # type: ignore[prop-decorator]
@@ -65,7 +76,6 @@ class ControllerSettings(CommonSettings):
     reconcile_interval_s: float = Field(0.5, gt=0)
     worker_ttl_s: float = Field(5.0, gt=0, description="A worker silent this long is lost")
     cold_start_default_s: float = Field(2.0, ge=0, description="Assumed cold start of a version never started yet")
-    scheduler: str = Field("dilu", description="dilu | exclusive | static-limits | request-only")
     profiling: bool = Field(True, description="Profile functions whose spec does not pin a slice")
     profile_trial_s: float = Field(0.5, gt=0, description="Load applied per profiling trial")
     profile_max_batch: int = Field(32, ge=1, le=4096)
@@ -74,15 +84,6 @@ class ControllerSettings(CommonSettings):
     horizontal_out_samples: int = Field(20, ge=1)
     horizontal_in_samples: int = Field(30, ge=1)
     keepalive_min_samples: int = Field(10, ge=1, description="Idle times before the histogram is trusted")
-
-    @field_validator("scheduler")
-    @classmethod
-    def _known_scheduler(cls, value: str) -> str:
-        from dilu.policy.scheduler.profiles import Policy
-
-        if value not in {p.value for p in Policy}:
-            raise ValueError(f"unknown scheduler {value!r}; known: {', '.join(p.value for p in Policy)}")
-        return value
 
 
 class WorkerSettings(CommonSettings):

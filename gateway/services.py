@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from dilu.config import GatewaySettings
 from dilu.db import repo
+from dilu.default_impl import create_scheduler
 from dilu.state.base import Channel, StateStore
 from gateway.forward import Forwarder
 from gateway.routing import RoutingTable
@@ -107,6 +108,7 @@ class GatewayServices:
         self.functions = FunctionCache(sessions, self.routing)
         self.activity = ActivityRecorder(self.routing)
         self.forwarder = Forwarder()
+        self.scheduler = create_scheduler(settings.scheduler)  # admits resizes as placements are admitted
         self._tasks: list[asyncio.Task] = []
 
     async def start(self) -> None:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from dilu.controller.context import ControllerContext
-from dilu.controller.snapshot import build_snapshot
+from dilu.slices import Slice
+from dilu.snapshot import build_snapshot, check_resize
 from dilu.db import repo
-from dilu.db.models import FunctionRow, InstanceRow, ProfileRow, utcnow
+from dilu.db.models import FunctionRow, InstanceRow, utcnow
 from dilu.messages import FAILED, STARTING, STOPPING, StartInstance, WorkerInfo
 from dilu.policy.scheduler import PlacementRequest, Scheduler
 from worker.client import WorkerUnavailable
@@ -18,29 +18,12 @@ from worker.client import WorkerUnavailable
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Slice:
-    sm_request: float | None
-    sm_limit: float | None
-    batch: int
-
-
-def effective_slice(function: FunctionRow, profile: ProfileRow | None) -> Slice:
-    """The spec's pinned slice, else the profile's, else none (the worker's defaults)."""
-    resources, batching = function.spec["resources"], function.spec["batching"]
-    if resources.get("sm_request") is not None and resources.get("sm_limit") is not None:
-        return Slice(resources["sm_request"], resources["sm_limit"], batching["max_batch_size"])
-    if profile is not None and profile.status == "done":
-        batch = profile.batch if profile.kind == "inference" and profile.batch else batching["max_batch_size"]
-        return Slice(profile.sm_request, profile.sm_limit, batch)
-    return Slice(None, None, batching["max_batch_size"])
-
-
 class Actuator:
     def __init__(self, ctx: ControllerContext, scheduler: Scheduler) -> None:
         self.ctx = ctx
         self.scheduler = scheduler
         self._last_unschedulable: dict[str, str] = {}
+        self._last_refused: dict[str, str] = {}
 
     async def start(self, function: FunctionRow, chosen: Slice, live: Sequence[WorkerInfo], reason: str, *,
                     role: str = "serve", batch_override: int | None = None, wait_ms: float | None = None,
@@ -48,8 +31,8 @@ class Actuator:
         """Places and starts one instance; None (with an event) when nothing fits or the worker fails."""
         spec = dict(function.spec)
         resources = spec["resources"]
-        request = PlacementRequest(function.name, resources["memory"], chosen.sm_request or 0.0,
-                                   chosen.sm_limit or 0.0, spec.get("class", "latency"), resources["gpu"])
+        request = PlacementRequest(function.name, resources["memory"], chosen.sm_request, chosen.sm_limit,
+                                   spec.get("class", "latency"), resources["gpu"])
         rows, functions = await self.ctx.db(_rows_and_functions)
         decision = self.scheduler.place(request, build_snapshot(live, rows, functions))
         if not decision.ok:
@@ -102,9 +85,21 @@ class Actuator:
 
     async def resize(self, function: FunctionRow, rows: list[InstanceRow], chosen: Slice,
                      live: Sequence[WorkerInfo]) -> None:
-        """Pushes a changed slice to running instances in place (vertical scaling, no restart)."""
-        if chosen.sm_request is None or chosen.sm_limit is None:
+        """Pushes a changed slice to running instances in place (vertical scaling, no restart), if
+        it passes the same admission as a placement; a refusal is an event, once per slice."""
+        changing = [r for r in rows if (r.sm_request, r.sm_limit) != (chosen.sm_request, chosen.sm_limit)]
+        if not changing:
             return
+        instances, functions = await self.ctx.db(_rows_and_functions)
+        verdict = check_resize(self.scheduler, live, instances, functions, function, chosen.sm_request,
+                               chosen.sm_limit)
+        if not verdict.ok:
+            message = f"resize to request {chosen.sm_request:g}, limit {chosen.sm_limit:g} refused: {verdict.reason}"
+            if self._last_refused.get(function.name) != message:
+                self._last_refused[function.name] = message
+                await self.ctx.event(function.name, "resize-refused", message)
+            return
+        self._last_refused.pop(function.name, None)
         urls = {info.id: info.url for info in live}
         for row in rows:
             if (row.sm_request, row.sm_limit) == (chosen.sm_request, chosen.sm_limit) or row.worker_id not in urls:

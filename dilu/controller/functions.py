@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from dilu.config import ControllerSettings
-from dilu.controller.actuators import Actuator, Slice, effective_slice
+from dilu.controller.actuators import Actuator
+from dilu.slices import Slice, effective_slice
 from dilu.controller.context import ControllerContext
 from dilu.controller.profiling import LiveTrialRunner, SlicesUnavailable, run_search, sample_request
 from dilu.db import repo
@@ -73,7 +74,7 @@ class FunctionManager:
             for row in old:
                 await self.actuator.stop(row, f"replaced by version {function.version}")
 
-        chosen = effective_slice(function, profile)
+        chosen = effective_slice(function.spec, profile)
         await self.actuator.resize(function, current, chosen, live)
         decision = self._decide(function, rows, current, profile, activity, telemetry, memory)
         if decision.desired > len(current):

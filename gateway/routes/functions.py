@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 from dilu.db import repo
 from dilu.db.models import FunctionRow
 from dilu.messages import READY, STARTING
+from dilu.snapshot import check_resize
 from dilu.source import check_handler_source
 from dilu.spec import ClusterDefaults, SpecError, make_spec, spec_from_dict, spec_to_dict
 from dilu.state.base import Channel
@@ -121,12 +122,26 @@ async def list_instances(name: str, services: ServicesDep,
                            telemetry=telemetry.get(r.id)) for r in rows]
 
 
-@router.patch("/{name}/slice", response_model=FunctionPublic)
+@router.patch("/{name}/slice", response_model=FunctionPublic, responses={
+    404: {"description": "Unknown function"}, 409: {"description": "The slice does not fit on a GPU it runs on"}})
 async def set_slice(name: str, body: SliceUpdate, request: Request, services: ServicesDep) -> FunctionPublic:
-    """Vertical scaling: pins a new compute slice; running instances are resized in place."""
+    """Vertical scaling: pins a new compute slice; running instances are resized in place.
+
+    The resize passes the same admission as a placement: if any running instance would not fit
+    on its GPU at the new slice, nothing changes and the answer is 409 naming the GPU and the
+    shortfall (instances are not moved; scale the function out or shrink a neighbour instead).
+    """
+    live = await services.store.live_workers()
 
     def write() -> FunctionPublic:
         with services.sessions() as session:
+            function = repo.get_function(session=session, name=name)
+            if function is None:
+                raise HTTPException(404, f"function {name!r} not found")
+            verdict = check_resize(services.scheduler, live, repo.list_instances(session=session, active_only=True),
+                                   repo.list_functions(session=session), function, body.sm_request, body.sm_limit)
+            if not verdict.ok:
+                raise HTTPException(409, f"the slice does not fit where {name!r} runs: {verdict.reason}")
             row = repo.set_function_slice(session=session, name=name, sm_request=body.sm_request,
                                           sm_limit=body.sm_limit)
             if row is None:

@@ -106,10 +106,19 @@ async def _invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
     routing = services.routing
     tried: frozenset[str] = frozenset()
     retried = False
+    queued_at: list[float] = []  # set when the request had to wait for an instance (a cold start)
+
+    def on_queued() -> None:
+        if not queued_at:
+            queued_at.append(time.perf_counter())
+        services.demand(name)
+
     while True:
         try:
             endpoint = await routing.wait_for_endpoint(
-                name, settings.queue_timeout_s, exclude=tried, on_queued=lambda: services.demand(name))
+                name, settings.queue_timeout_s, exclude=tried, on_queued=on_queued)
+            if len(queued_at) == 1:
+                queued_at.append(time.perf_counter())
         except QueueFull as exc:
             return _error(429, str(exc), headers={"retry-after": "1"})
         except NoInstance as exc:
@@ -137,7 +146,10 @@ async def _invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
         if reply.status == 503 and b"still loading" in reply.body:
             tried = tried | {endpoint.instance_id}
             continue
-        return Outcome(reply.status, reply.body, reply.headers, reply.content_type)
+        headers = reply.headers
+        if queued_at:
+            headers = {**headers, "x-dilu-queued-ms": f"{(queued_at[-1] - queued_at[0]) * 1000:.1f}"}
+        return Outcome(reply.status, reply.body, headers, reply.content_type)
 
 
 @router.post("/{name}/invoke", responses={

@@ -82,3 +82,22 @@ def test_dilu_scale_resizes_running_instances(start_platform) -> None:
     assert any(e["action"] == "resize" for e in platform.http.get("/v1/functions/synthetic-training/events").json())
     bad = platform.cli("scale", "synthetic-training", "--sm-request", "0.9", "--sm-limit", "0.3")
     assert bad.returncode == 1 and "sm_request must be <= sm_limit" in bad.stderr
+
+
+def test_a_resize_that_does_not_fit_is_refused_naming_the_gpu(start_platform) -> None:
+    """Training (0.5/0.75) and latency (0.5/0.75) fill the GPU's requests; growing one is a 409
+    naming the GPU and the shortfall, and nothing changes."""
+    platform = start_platform(env={"DILU_FAKE_GPUS": "1", "DILU_GPUS": "none"})
+    for spec in ("training.yaml", "latency.yaml"):
+        assert platform.cli("deploy", str(EXAMPLE / spec)).returncode == 0
+    refused = platform.http.patch("/v1/functions/synthetic-latency/slice", json={"sm_request": 0.7, "sm_limit": 0.8})
+    assert refused.status_code == 409, refused.text
+    error = refused.json()["error"]
+    assert "fakegpu0" in error and "compute requests would total 1.20 > 1 (short by 0.20)" in error, error
+    cli = platform.cli("scale", "synthetic-latency", "--sm-request", "0.7", "--sm-limit", "0.8")
+    assert cli.returncode == 1 and "short by 0.20" in cli.stderr and "Traceback" not in cli.stderr
+    (instance,) = platform.instances("synthetic-latency")
+    assert (instance["sm_request"], instance["sm_limit"]) == (0.5, 0.75)
+    assert platform.function("synthetic-latency")["spec"]["resources"]["sm_request"] == 0.5
+    shrunk = platform.http.patch("/v1/functions/synthetic-latency/slice", json={"sm_request": 0.3, "sm_limit": 0.5})
+    assert shrunk.status_code == 200, shrunk.text

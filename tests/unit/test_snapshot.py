@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from dilu.controller.snapshot import build_snapshot
+from dilu.snapshot import build_snapshot
 from dilu.db.models import FunctionRow, InstanceRow
 from tests.builders import make_spec_dict, make_worker
 

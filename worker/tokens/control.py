@@ -7,22 +7,18 @@ from pathlib import Path
 from typing import Any
 
 from dilu.messages import DeviceInfo, StartInstance
+from dilu.slices import default_slice
 from worker.shimlib import ShimPaths
 from worker.tokens.manager import TokenManager, socket_path_for
 
 log = logging.getLogger(__name__)
-# Until the profiler sets them, an unpinned slice guarantees a quarter and may burst to all.
-DEFAULT_SM_REQUEST = 0.25
-DEFAULT_SM_LIMIT = 1.0
 UNCALIBRATED_CAPACITY = 1e7
 
 
 def slice_of(request: StartInstance) -> tuple[str, float, float]:
-    """(class, sm_request, sm_limit) of an instance, with the defaults filled in."""
-    spec = request.spec
-    limit = request.sm_limit if request.sm_limit is not None else DEFAULT_SM_LIMIT
-    wanted = request.sm_request if request.sm_request is not None else DEFAULT_SM_REQUEST
-    return spec.get("class", "latency"), min(wanted, limit), limit
+    """(class, sm_request, sm_limit) of an instance; the controller always sends a concrete
+    slice, the defaults (``dilu.slices``) cover a start order from elsewhere."""
+    return (request.spec.get("class", "latency"), *default_slice(request.sm_request, request.sm_limit))
 
 
 class GpuControl:

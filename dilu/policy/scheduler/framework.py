@@ -131,6 +131,10 @@ class ClusterSnapshot:
         devices_of[request.function] = devices_of.get(request.function, frozenset()) | frozenset(indices)
         return replace(self, devices=tuple(devices), devices_of=devices_of, **arrays)
 
+    def with_single_device(self, device_index: int) -> "ClusterSnapshot":
+        """A snapshot of one device (filters then answer for it alone)."""
+        return ClusterSnapshot.of([self.devices[device_index]])
+
     def without(self, device_index: int, request: PlacementRequest) -> "ClusterSnapshot":
         """The snapshot after ``request``'s instance on ``device_index`` is gone."""
         d = self.devices[device_index]

@@ -1,4 +1,5 @@
-"""Builds the scheduler's immutable ClusterSnapshot from live workers and active instances."""
+"""Builds the scheduler's immutable ClusterSnapshot from live workers and active instances, and
+checks resizes against it (shared by the controller's placements and the gateway's resizes)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ from collections.abc import Iterable, Sequence
 
 from dilu.db.models import FunctionRow, InstanceRow
 from dilu.messages import ACTIVE_STATES, WorkerInfo
-from dilu.policy.scheduler import ClusterSnapshot, Device
+from dilu.policy.scheduler import ClusterSnapshot, Device, PlacementRequest, Scheduler
+from dilu.policy.scheduler.resize import Resize, ResizeVerdict, admit_resize
 
 
 def build_snapshot(workers: Sequence[WorkerInfo], instances: Iterable[InstanceRow],
@@ -28,3 +30,15 @@ def build_snapshot(workers: Sequence[WorkerInfo], instances: Iterable[InstanceRo
             sm_limited=sum(r.sm_limit or 0.0 for r in rows), functions=latency | batch,
             latency_functions=latency, batch_functions=batch))
     return ClusterSnapshot.of(devices)
+
+
+def check_resize(scheduler: Scheduler, workers: Sequence[WorkerInfo], instances: Sequence[InstanceRow],
+                 functions: Sequence[FunctionRow], function: FunctionRow, sm_request: float,
+                 sm_limit: float) -> ResizeVerdict:
+    """Whether ``function``'s active serving instances may all take the new slice where they are."""
+    resources = function.spec["resources"]
+    mine = [r for r in instances if r.function == function.name and r.role == "serve" and r.state in ACTIVE_STATES]
+    resizes = [Resize(r.worker_id, PlacementRequest(function.name, r.memory_bytes, r.sm_request or 0.0,
+                                                    r.sm_limit or 0.0, function.spec.get("class", "latency"),
+                                                    resources["gpu"]), sm_request, sm_limit) for r in mine]
+    return admit_resize(scheduler, build_snapshot(workers, instances, functions), resizes)
