@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 
 from dilu.messages import FAILED, READY, STARTING, STOPPED, STOPPING, InstanceStatus, StartInstance, WorkerInfo
+from dilu.slices import default_slice
 from dilu.state.base import Channel, StateStore
 from worker.runtime.server import ERROR_MARKER, EXIT_LOAD_FAILED
 from worker.runtimes.base import RunningInstance, RuntimeBackend
@@ -33,6 +34,11 @@ class _Instance:
     was_ready: bool = False
     started_at: float = field(default_factory=time.monotonic)
     ended_at: float | None = None
+    slice: tuple[float, float] = (0.0, 1.0)   # (request, limit) that applies once the instance is ready
+
+    @property
+    def cls(self) -> str:
+        return self.request.spec.get("class", "latency")
 
     def status(self) -> InstanceStatus:
         return InstanceStatus(
@@ -95,10 +101,14 @@ class WorkerAgent:
         known = self._instances.get(request.instance_id)
         if known is not None:
             return known.status()
-        record = _Instance(request=request, running=None)
+        record = _Instance(request=request, running=None, slice=default_slice(request.sm_request, request.sm_limit))
         self._instances[request.instance_id] = record
         try:
-            extra_env = self._gpu.admit(request) if self._gpu is not None else None
+            extra_env = None
+            if self._gpu is not None:
+                extra_env = self._gpu.admit(request)
+                # Loading (imports, weights, warm-up) runs unthrottled: the slice applies once ready.
+                self._gpu.set_slice(request.instance_id, record.cls, record.slice[0], 1.0)
             record.running = await self._backend.start(request, self.info.device,
                                                        self.log_path(request.instance_id), extra_env)
         except RuntimeError as exc:
@@ -124,13 +134,21 @@ class WorkerAgent:
         return [record.status() for record in self._instances.values()]
 
     async def set_slice(self, instance_id: str, sm_request: float, sm_limit: float) -> bool:
-        """Resizes a running instance's compute slice (effective within two token periods)."""
+        """Resizes an instance's compute slice (effective within two token periods); a starting
+        instance keeps loading unthrottled and gets the new slice when it is ready."""
         record = self._instances.get(instance_id)
         if record is None or record.state not in (STARTING, READY):
             return False
+        if self._gpu is None and not self._backend.enforces_shares:
+            return False  # nothing can enforce a CPU share here
+        record.slice = (min(sm_request, sm_limit), sm_limit)
+        return record.state == STARTING or self._apply_slice(record)
+
+    def _apply_slice(self, record: _Instance) -> bool:
+        request, limit = record.slice
         if self._gpu is None:
-            return self._backend.set_share(instance_id, sm_limit)  # CPU workers: a share of the cores
-        self._gpu.set_slice(instance_id, record.request.spec.get("class", "latency"), sm_request, sm_limit)
+            return self._backend.set_share(record.request.instance_id, limit)  # CPU workers: a share of the cores
+        self._gpu.set_slice(record.request.instance_id, record.cls, request, limit)
         return True
 
     def telemetry(self) -> dict:
@@ -184,6 +202,7 @@ class WorkerAgent:
             healthy = False
         if healthy:
             record.state, record.was_ready = READY, True
+            self._apply_slice(record)
             await self._changed(record)
         elif now - record.started_at > self._startup_timeout_s:
             await self._backend.stop(record.running, self._grace_s)

@@ -76,6 +76,17 @@ class CpuLimiter:
             (path / "cpu.cfs_quota_us").write_text(str(quota if quota else -1))
         return True
 
+    def share(self, instance_id: str) -> float | None:
+        """The group's current share of the host's cores (None: unlimited or no group)."""
+        if not self.available or not (self.base / instance_id).exists():
+            return None
+        path = self.base / instance_id
+        if self.version == 2:
+            quota, period = (path / "cpu.max").read_text().split()
+        else:
+            quota, period = (path / "cpu.cfs_quota_us").read_text().strip(), (path / "cpu.cfs_period_us").read_text()
+        return None if quota in ("max", "-1") else int(quota) / (int(period) * self.cores)
+
     def remove(self, instance_id: str) -> None:
         if not self.available:
             return

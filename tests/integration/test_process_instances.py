@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -119,3 +120,24 @@ async def test_cpu_slices_throttle_an_instance_and_resize_in_place(agent: Worker
         restored = await stretch()
     assert throttled > 3 * unlimited, (unlimited, throttled)
     assert restored < throttled / 2, (throttled, restored)
+
+
+async def test_an_instance_loads_unthrottled_and_its_slice_applies_once_ready(agent: WorkerAgent,
+                                                                              tmp_path: Path) -> None:
+    """A function profiled at 10 % of the host must not import and load at 10 %: the quota is
+    lifted while it starts, set when it is ready, and a resize during the start waits for ready."""
+    limiter = CpuLimiter()
+    if not limiter.available:
+        pytest.skip("no writable cgroup cpu controller on this machine")
+    release = tmp_path / "release"
+    start = make_start("i-slow", str(FIXTURE_FUNCTIONS / "slow_load"), handler="handler:SlowLoad",
+                       model={"release_file": str(release)})
+    start = replace(start, sm_request=0.1, sm_limit=0.1)
+    await agent.start_instance(start)
+    assert await state_of(agent, "i-slow") == "starting"
+    assert limiter.share("i-slow") is None, "loading runs without a CPU quota"
+    assert await agent.set_slice("i-slow", 0.2, 0.2), "a resize while starting is accepted"
+    assert limiter.share("i-slow") is None, "... but applies only once ready"
+    release.write_text("go")
+    await until_state(agent, "i-slow", "ready")
+    assert limiter.share("i-slow") == pytest.approx(0.2, rel=0.02)

@@ -35,5 +35,9 @@ class RuntimeBackend(Protocol):
         """Resizes the compute share of a running instance where the backend can (CPU quotas);
         False where it cannot."""
 
+    @property
+    def enforces_shares(self) -> bool:
+        """Whether ``set_share`` can work here at all (a writable cgroup CPU controller)."""
+
     def release(self, instance_id: str) -> None:
         """Frees what the backend kept for an ended instance; idempotent."""

@@ -109,14 +109,19 @@ class ProcessBackend:
         return RunningInstance(endpoint=f"http://{self._host}:{port}", pid=process.pid, handle=process)
 
     def _cpu_group(self, request: StartInstance, device: DeviceInfo) -> str | None:
-        """CPU workers: the instance's cgroup, limited to its slice (a share of the host's cores)."""
+        """CPU workers: the instance's cgroup, unlimited while it loads; the worker applies its
+        slice (a share of the host's cores) once it is ready."""
         if self.cpu is None or device.kind != "cpu" or not self.cpu.available:
             return None
-        self.cpu.set_share(request.instance_id, request.sm_limit)
+        self.cpu.set_share(request.instance_id, None)
         return self.cpu.procs_file(request.instance_id)
 
     def set_share(self, instance_id: str, share: float | None) -> bool:
         return self.cpu is not None and self.cpu.set_share(instance_id, share)
+
+    @property
+    def enforces_shares(self) -> bool:
+        return self.cpu is not None and self.cpu.available
 
     def release(self, instance_id: str) -> None:
         if self.cpu is not None:
