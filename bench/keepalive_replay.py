@@ -9,7 +9,8 @@ to both at once:
 - `trace`: one of the request-rate traces in data/traces/rps, time-compressed.
 
 For each policy it prints cold starts per burst, the requests that met a cold start (their
-reply carries `x-dilu-queued-ms`), and the instance-seconds held (instances starting or ready,
+reply carries `x-dilu-queued-ms`), the instances started (cold starts and pre-warms), and the
+instance-seconds held (instances starting or ready,
 sampled every 0.2 s), and the ratio of instance-seconds histogram / fixed.
 
     python bench/keepalive_replay.py [--bursts 8 --burst-s 15 --rate 3 --pause-s 40]
@@ -47,6 +48,7 @@ class Tally:
     failed: int = 0
     cold: list[int] = field(default_factory=list)      # per burst: requests that met a cold start
     instance_s: float = 0.0
+    starts: int = 0                                     # instances started (cold starts and pre-warms)
 
     def record(self, burst: int, reply: httpx.Response | BaseException) -> None:
         self.sent += 1
@@ -127,6 +129,9 @@ async def replay(platforms: dict[str, Platform], arrivals: list[tuple[float, int
     await asyncio.gather(*pending)
     done.set()
     await sampler
+    for name, client in clients.items():
+        events = (await client.get("/v1/functions/noop/events", params={"limit": 10000})).json()
+        tallies[name].starts = sum(1 for e in events if e["action"] == "scale-up")
     for client in clients.values():
         await client.aclose()
     return tallies
@@ -135,11 +140,11 @@ async def replay(platforms: dict[str, Platform], arrivals: list[tuple[float, int
 def report(title: str, tallies: dict[str, Tally]) -> None:
     print(f"\n{title}")
     print(f"{'policy':<10} {'requests':>8} {'failed':>6} {'cold starts/burst (requests that met one)':<44} "
-          f"{'bursts w/ >1':>12} {'instance-s':>10}")
+          f"{'bursts w/ >1':>12} {'starts':>6} {'instance-s':>10}")
     for name, tally in tallies.items():
         per_burst = " ".join(str(c) for c in tally.cold)
         print(f"{name:<10} {tally.sent:>8} {tally.failed:>6} {per_burst[:44]:<44} "
-              f"{sum(1 for c in tally.cold[1:] if c > 1):>12} {tally.instance_s:>10.1f}")
+              f"{sum(1 for c in tally.cold[1:] if c > 1):>12} {tally.starts:>6} {tally.instance_s:>10.1f}")
     learned = tallies["histogram"].cold[2:]
     print(f"histogram, after two bursts: most requests meeting a cold start in one burst = "
           f"{max(learned, default=0)}; bursts with any = {sum(1 for c in learned if c)} of {len(learned)}")
@@ -161,9 +166,9 @@ def main() -> None:
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="dilu-keepalive-"))
 
-    def start() -> dict[str, Platform]:
-        platforms = {"histogram": Platform(workdir / "histogram"),
-                     "fixed": Platform(workdir / "fixed", env={"DILU_KEEPALIVE_MIN_SAMPLES": "1000000"})}
+    def start(run: str) -> dict[str, Platform]:
+        platforms = {"histogram": Platform(workdir / f"{run}-histogram"),
+                     "fixed": Platform(workdir / f"{run}-fixed", env={"DILU_KEEPALIVE_MIN_SAMPLES": "1000000"})}
         source = shutil.copytree(ROOT / "examples" / "echo", workdir / f"noop-{time.monotonic_ns()}")
         (source / "model.yaml").write_text(SPEC.format(keep=args.keep_alive_s))
         for platform in platforms.values():
@@ -178,8 +183,8 @@ def main() -> None:
         runs.append(("trace", f"trace: {args.trace}.txt compressed {args.compress:g}x, first {args.trace_s:g} s",
                      trace_arrivals(args.trace, args.compress, args.trace_s)))
     try:
-        for _, title, arrivals in runs:
-            platforms = start()
+        for run, title, arrivals in runs:
+            platforms = start(run)
             try:
                 report(title, asyncio.run(replay(platforms, arrivals)))
             finally:

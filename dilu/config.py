@@ -94,7 +94,7 @@ class WorkerSettings(CommonSettings):
     runtime: str = Field("process", description="Runtime backend: process (docker arrives later)")
     heartbeat_s: float = Field(1.0, gt=0)
     worker_ttl_s: float = Field(5.0, gt=0)
-    health_poll_s: float = Field(0.1, gt=0, description="Health-check period of starting instances")
+    health_poll_s: float = Field(0.02, gt=0, description="Health-check period of starting instances (on the cold-start path)")
     stop_grace_s: float = Field(5.0, ge=0, description="SIGTERM to SIGKILL delay")
     startup_timeout_s: float = Field(300.0, gt=0, description="Instance load must finish within this")
     python: str | None = Field(None, description="Interpreter for instances; this one when unset")
@@ -128,13 +128,3 @@ class CliSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="DILU_", extra="ignore")
 
     url: str = "http://127.0.0.1:8080"
-
-
-class InstanceSettings(BaseSettings):
-    """What the worker passes into an instance process."""
-
-    model_config = SettingsConfigDict(env_prefix="DILU_", extra="ignore")
-
-    instance_config: str | None = Field(None, description="JSON file describing the instance")
-    listen_fd: int | None = Field(None, description="Inherited listening socket")
-    device: str = Field("cpu", description="cuda on GPU workers, cpu elsewhere")

@@ -25,10 +25,10 @@ class Handler:
 
     def __init__(self, **options: Any) -> None:
         self.options = options
-        from dilu.config import InstanceSettings
+        from dilu.instance_protocol import InstanceEnvironment
 
         # The worker sets DILU_DEVICE to "cuda" on GPU workers and "cpu" elsewhere.
-        self.device = InstanceSettings().device
+        self.device = InstanceEnvironment.from_environ().device
 
     def load(self) -> None:
         """Load weights and warm up; called once."""

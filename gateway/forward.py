@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 import aiohttp
 
-PASSED_HEADERS = ("x-dilu-batch-size", "x-dilu-latency-ms", "x-dilu-instance")
+from dilu.instance_protocol import LOADING_HEADER
+
+PASSED_HEADERS = ("x-dilu-batch-size", "x-dilu-latency-ms", "x-dilu-instance", LOADING_HEADER)
 
 
 @dataclass(frozen=True)

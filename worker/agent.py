@@ -17,7 +17,7 @@ import httpx
 from dilu.messages import FAILED, READY, STARTING, STOPPED, STOPPING, InstanceStatus, StartInstance, WorkerInfo
 from dilu.slices import default_slice
 from dilu.state.base import Channel, StateStore
-from worker.runtime.server import ERROR_MARKER, EXIT_LOAD_FAILED
+from dilu.instance_protocol import ERROR_MARKER, EXIT_LOAD_FAILED
 from worker.runtimes.base import RunningInstance, RuntimeBackend
 
 log = logging.getLogger(__name__)

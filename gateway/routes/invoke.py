@@ -16,6 +16,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from dilu.instance_protocol import is_loading
 from gateway.forward import InstanceFailed, InstanceTimeout, NotDelivered
 from gateway.metrics import LATENCY, REQUESTS
 from gateway.routing import NoInstance, QueueFull
@@ -108,10 +109,10 @@ async def _invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
     retried = False
     queued_at: list[float] = []  # set when the request had to wait for an instance (a cold start)
 
-    def on_queued() -> None:
+    async def on_queued() -> None:
         if not queued_at:
             queued_at.append(time.perf_counter())
-        services.demand(name)
+        await services.demand(name)
 
     while True:
         try:
@@ -143,7 +144,7 @@ async def _invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
             return _error(502, f"instance {endpoint.instance_id} failed while serving the request: {exc}")
         finally:
             routing.release(name, endpoint.instance_id)
-        if reply.status == 503 and b"still loading" in reply.body:
+        if is_loading(reply.status, reply.headers):
             tried = tried | {endpoint.instance_id}
             continue
         headers = reply.headers

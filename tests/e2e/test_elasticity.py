@@ -32,7 +32,9 @@ def test_first_request_rides_a_cold_start_then_scales_to_zero_and_back(start_pla
     reply = platform.invoke("sleepy", {"wake": True})
     assert reply.status_code == 200, reply.text
     assert reply.json()["input"] == {"wake": True}
+    assert float(reply.headers["x-dilu-queued-ms"]) > 0, "a request that met a cold start says how long it waited"
     assert platform.function("sleepy")["ready_instances"] == 1
+    assert "x-dilu-queued-ms" not in platform.invoke("sleepy", {"warm": True}).headers
     events = platform.http.get("/v1/functions/sleepy/events").json()
     actions = [e["action"] for e in events]
     assert "scale-down" in actions and any("scale from zero" in e["reason"] for e in events)

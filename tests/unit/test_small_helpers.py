@@ -8,7 +8,7 @@ import pytest
 
 from dilu.state.base import merge_activity
 from worker.agent import describe_exit, read_log_tail
-from worker.runtime.server import ERROR_MARKER, EXIT_LOAD_FAILED
+from dilu.instance_protocol import ERROR_MARKER, EXIT_LOAD_FAILED
 
 
 def test_merge_activity_sums_gateways_and_keeps_latest_request() -> None:

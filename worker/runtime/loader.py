@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import time
 from typing import Any
 
 
@@ -26,9 +27,13 @@ def import_handler(source_dir: str, handler: str) -> type:
         raise HandlerError(f"handler class {class_name!r} not found in module {module_name!r}") from None
 
 
-def build_handler(source_dir: str, handler: str, options: dict[str, Any]) -> Any:
-    """Imports, instantiates with ``options`` and calls ``load()`` once."""
+def build_handler(source_dir: str, handler: str, options: dict[str, Any],
+                  marks: dict[str, float] | None = None) -> Any:
+    """Imports, instantiates with ``options`` and calls ``load()`` once; records the wall-clock
+    time each stage ended in ``marks`` (``handler_imported``, ``loaded``)."""
+    marks = {} if marks is None else marks
     cls = import_handler(source_dir, handler)
+    marks["handler_imported"] = time.time()
     try:
         instance = cls(**options)
     except Exception as exc:
@@ -41,4 +46,5 @@ def build_handler(source_dir: str, handler: str, options: dict[str, Any]) -> Any
             load()
         except Exception as exc:
             raise HandlerError(f"{handler}.load() failed: {type(exc).__name__}: {exc}") from exc
+    marks["loaded"] = time.time()
     return instance

@@ -2,7 +2,9 @@
 
 Routes: ``POST /infer`` (JSON in, the handler's JSON result out, with ``x-dilu-batch-size`` and
 ``x-dilu-latency-ms`` headers), ``GET /health`` (200 only after ``load()`` succeeded, 503 while
-loading), ``GET /metrics`` (Prometheus: latency and batch-size histograms).
+loading; its body has ``startup``: the wall-clock time each start-up stage ended -
+``process_start``, ``runtime_imported``, ``handler_imported``, ``loaded``, ``ready``),
+``GET /metrics`` (Prometheus: latency and batch-size histograms).
 If import or ``load()`` fails, the error is printed as a final ``DILU-ERROR:`` line on stderr
 (the instance log) and the process exits with status 3, so the worker reports it instead of
 restarting in a loop.
@@ -20,52 +22,24 @@ import threading
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from dilu.instance_protocol import ERROR_MARKER, EXIT_LOAD_FAILED, LOADING_HEADER, InstanceConfig
 from worker.runtime.batcher import Batcher, BatchError
 from worker.runtime.loader import HandlerError, build_handler
-
-EXIT_LOAD_FAILED = 3
-ERROR_MARKER = "DILU-ERROR: "
-
-
-@dataclass(frozen=True)
-class InstanceConfig:
-    """What the worker hands an instance (as JSON in a file named by DILU_INSTANCE_CONFIG)."""
-
-    instance_id: str
-    function: str
-    handler: str
-    source_dir: str
-    options: dict[str, Any]
-    max_batch_size: int
-    max_wait_ms: float
-
-    @classmethod
-    def from_file(cls, path: str) -> "InstanceConfig":
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-        return cls(**data)
-
+from worker.runtime.metrics import InstanceMetrics
 
 class RuntimeState:
     def __init__(self, config: InstanceConfig) -> None:
         self.config = config
+        self.marks: dict[str, float] = {}
         self.ready = threading.Event()
         self.batcher: Batcher | None = None
-        self.registry = CollectorRegistry()
-        self.latency = Histogram("dilu_instance_request_seconds", "Request time inside the instance",
-                                 registry=self.registry,
-                                 buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10))
-        self.batch_sizes = Histogram("dilu_instance_batch_size", "Batch size each request rode in",
-                                     registry=self.registry, buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
+        self.metrics = InstanceMetrics()
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -75,7 +49,8 @@ def _error(status: int, message: str) -> JSONResponse:
 def create_app(state: RuntimeState, lifespan=None) -> Starlette:  # noqa: ANN001
     async def infer(request: Request) -> Response:
         if not state.ready.is_set() or state.batcher is None:
-            return _error(503, "instance is still loading")
+            return JSONResponse({"error": "instance is still loading", "loading": True}, status_code=503,
+                                headers={LOADING_HEADER: "1"})
         body = await request.body()
         try:
             payload = json.loads(body)
@@ -91,8 +66,7 @@ def create_app(state: RuntimeState, lifespan=None) -> Starlette:  # noqa: ANN001
         except (TypeError, ValueError) as exc:
             return _error(500, f"handler returned a result that is not JSON-serialisable: {exc}")
         elapsed = time.perf_counter() - started
-        state.latency.observe(elapsed)
-        state.batch_sizes.observe(result.batch_size)
+        state.metrics.observe(elapsed, result.batch_size)
         return Response(content, media_type="application/json", headers={
             "x-dilu-batch-size": str(result.batch_size),
             "x-dilu-latency-ms": f"{elapsed * 1000:.3f}",
@@ -101,17 +75,29 @@ def create_app(state: RuntimeState, lifespan=None) -> Starlette:  # noqa: ANN001
 
     async def health(_: Request) -> Response:
         if state.ready.is_set():
-            return JSONResponse({"status": "ready", "instance": state.config.instance_id})
-        return JSONResponse({"status": "loading"}, status_code=503)
+            return JSONResponse({"status": "ready", "instance": state.config.instance_id, "startup": state.marks})
+        return JSONResponse({"status": "loading", "loading": True}, status_code=503, headers={LOADING_HEADER: "1"})
 
     async def metrics(_: Request) -> Response:
-        return Response(generate_latest(state.registry), media_type=CONTENT_TYPE_LATEST)
+        content, media_type = await asyncio.to_thread(state.metrics.render)
+        return Response(content, media_type=media_type)
 
     return Starlette(lifespan=lifespan, routes=[
         Route("/infer", infer, methods=["POST"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ])
+
+
+def _process_start_time() -> float:
+    """When this process was created (from /proc, so interpreter start-up is counted); now elsewhere."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as handle:
+            ticks = int(handle.read().rsplit(")", 1)[1].split()[19])  # start time, ticks since boot
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+        return time.time() - age
+    except (OSError, ValueError, IndexError, AttributeError):
+        return time.time()
 
 
 def _fail(message: str) -> None:
@@ -127,7 +113,7 @@ async def _load_then_serve_batches(state: RuntimeState) -> None:
     loop = asyncio.get_running_loop()
     try:
         handler = await loop.run_in_executor(
-            executor, build_handler, config.source_dir, config.handler, config.options)
+            executor, build_handler, config.source_dir, config.handler, config.options, state.marks)
     except HandlerError as exc:
         traceback.print_exc()
         _fail(str(exc))
@@ -138,7 +124,9 @@ async def _load_then_serve_batches(state: RuntimeState) -> None:
         return
     state.batcher = Batcher(handler.predict, max_batch_size=config.max_batch_size,
                             max_wait_s=config.max_wait_ms / 1000.0, executor=executor)
+    state.marks["ready"] = time.time()
     state.ready.set()
+    state.metrics.build_in_background()
     print(f"dilu: instance {config.instance_id} of {config.function} ready", file=sys.stderr, flush=True)
     await state.batcher.run()
 
@@ -148,6 +136,7 @@ def serve(config: InstanceConfig, fd: int) -> None:
     import uvicorn
 
     state = RuntimeState(config)
+    state.marks.update(process_start=_process_start_time(), runtime_imported=time.time())
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette):  # noqa: ANN202

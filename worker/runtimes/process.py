@@ -17,9 +17,10 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from dilu import instance_protocol as protocol
+from dilu.instance_protocol import InstanceConfig
 from dilu.messages import DeviceInfo, StartInstance
 from worker.cgroups import CpuLimiter, join_group
-from worker.runtime.server import InstanceConfig
 from worker.runtimes.base import RunningInstance
 
 _PR_SET_PDEATHSIG = 1
@@ -63,11 +64,11 @@ class ProcessBackend:
                 value = f"{value}{separator}{env[key]}"
             env[key] = value
         env.update({
-            "DILU_INSTANCE_CONFIG": str(config_path),
-            "DILU_LISTEN_FD": str(fd),
-            "DILU_INSTANCE_ID": request.instance_id,
-            "DILU_FUNCTION": request.function,
-            "DILU_DEVICE": "cuda" if device.kind == "gpu" else "cpu",
+            protocol.ENV_CONFIG: str(config_path),
+            protocol.ENV_LISTEN_FD: str(fd),
+            protocol.ENV_INSTANCE_ID: request.instance_id,
+            protocol.ENV_FUNCTION: request.function,
+            protocol.ENV_DEVICE: "cuda" if device.kind == "gpu" else "cpu",
             # Keyed by UUID so the instance sees exactly its GPU (or none on a CPU worker).
             "CUDA_VISIBLE_DEVICES": device.uuid if device.kind == "gpu" and device.uuid else "",
             "PYTHONUNBUFFERED": "1",

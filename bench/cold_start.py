@@ -1,0 +1,131 @@
+"""Cold starts, broken into their parts, for a no-op function and a small PyTorch function.
+
+Starts `dilu up` (embedded default, child process), deploys both functions scaled to zero, and
+for each of ``--rounds`` rounds waits until the function has no instance, then times one request
+from send to reply. Its parts come from the instance row (created when the controller placed it)
+and the instance's start-up marks (``/health``):
+
+  placement   request sent -> instance row created (demand event, controller pass, scheduler)
+  spawn       row created -> instance process created (worker start call, fork/exec)
+  runtime     process created -> runtime server imported (interpreter and Dilu's runtime)
+  imports     the handler module imported (torch, for the PyTorch function)
+  load        the handler's load()
+  routing     load done -> first request reaches predict (health probe, controller, routes, gateway)
+  predict     the first predict() (in-instance time of the first request)
+
+The platform's own part is everything but imports, load and predict. Beside them, the same
+benchmark runs ``python -c "import torch"`` to show what importing torch costs on this machine.
+
+    python bench/cold_start.py [--rounds 3]
+
+Targets: the platform's part at most 150 ms; a PyTorch function's cold start at most 1.5 x
+(import + load).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.platform import Platform  # noqa: E402  (reuses the harness that runs `dilu up`)
+from tests.waiting import eventually  # noqa: E402
+
+FUNCTIONS = {
+    "noop": (ROOT / "examples" / "echo", "handler:Echo", {"hello": "dilu"}),
+    "tiny-torch": (ROOT / "bench" / "functions" / "tiny_torch", "handler:TinyMlp", {"x": [0.1] * 64}),
+}
+SPEC = ("name: {name}\nhandler: {handler}\nresources:\n  memory: 512Mi\n  gpu: false\n  sm_request: 0.1\n"
+        "  sm_limit: 0.1\nscaling:\n  min_instances: 0\n  max_instances: 1\n  keep_alive_s: 1\n")
+PARTS = ("placement", "spawn", "runtime", "imports", "load", "routing", "predict")
+
+
+def stamp(text: str) -> float:
+    return datetime.fromisoformat(text).timestamp()
+
+
+def one_cold_start(platform: Platform, name: str, body: dict) -> dict[str, float]:
+    eventually(lambda: not [i for i in platform.instances(name) if i["state"] in ("starting", "ready")],
+               timeout=60, interval=0.1, what=f"{name} to scale to zero")
+    sent = time.time()
+    reply = platform.http.post(f"/v1/functions/{name}/invoke", json=body)
+    received = time.time()
+    assert reply.status_code == 200, reply.text
+    assert "x-dilu-queued-ms" in reply.headers, "the request did not meet a cold start"
+    instance = next(i for i in platform.instances(name) if i["id"] == reply.headers["x-dilu-instance"])
+    marks = httpx.get(instance["endpoint"] + "/health", timeout=10).json()["startup"]
+    predict = float(reply.headers["x-dilu-latency-ms"]) / 1000
+    parts = {
+        "placement": stamp(instance["created_at"]) - sent,
+        "spawn": marks["process_start"] - stamp(instance["created_at"]),
+        "runtime": marks["runtime_imported"] - marks["process_start"],
+        "imports": marks["handler_imported"] - marks["runtime_imported"],
+        "load": marks["loaded"] - marks["handler_imported"],
+        "routing": (received - predict) - marks["loaded"],
+        "predict": predict,
+        "total": received - sent,
+    }
+    parts["platform"] = parts["total"] - parts["imports"] - parts["load"] - parts["predict"]
+    return parts
+
+
+def import_torch_s(rounds: int) -> float:
+    times = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import torch"], check=True)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="dilu-coldstart-"))
+    platform = Platform(workdir / "home")
+    results: dict[str, list[dict[str, float]]] = {}
+    try:
+        for name, (folder, handler, _) in FUNCTIONS.items():
+            source = shutil.copytree(folder, workdir / name)
+            (source / "model.yaml").write_text(SPEC.format(name=name, handler=handler))
+            assert platform.deploy_file(source / "model.yaml").status_code == 201
+            platform.wait_ready(name)
+        torch_import = import_torch_s(args.rounds)
+        for _ in range(args.rounds):
+            for name, (_, _, body) in FUNCTIONS.items():
+                results.setdefault(name, []).append(one_cold_start(platform, name, body))
+    finally:
+        platform.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    columns = PARTS + ("total", "platform")
+    print(f"median of {args.rounds} cold starts, milliseconds (the function's slice is 10 % of the host's CPU)")
+    print(f"{'function':<12} " + " ".join(f"{c:>9}" for c in columns))
+    medians = {}
+    for name, runs in results.items():
+        medians[name] = {c: statistics.median(r[c] for r in runs) for c in columns}
+        print(f"{name:<12} " + " ".join(f"{medians[name][c] * 1000:>9.0f}" for c in columns))
+    torch_row = medians["tiny-torch"]
+    print(f"\npython -c 'import torch' on this machine: {torch_import * 1000:.0f} ms "
+          f"(inside the instance: {torch_row['imports'] * 1000:.0f} ms)")
+    print(f"platform's part: noop {medians['noop']['platform'] * 1000:.0f} ms, "
+          f"tiny-torch {torch_row['platform'] * 1000:.0f} ms (target <= 150 ms)")
+    print(f"tiny-torch cold start / (import + load) = "
+          f"{torch_row['total'] / (torch_row['imports'] + torch_row['load']):.2f} (target <= 1.5); "
+          f"/ (python -c 'import torch' + load) = {torch_row['total'] / (torch_import + torch_row['load']):.2f}")
+
+
+if __name__ == "__main__":
+    main()

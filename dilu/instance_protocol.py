@@ -1,0 +1,73 @@
+"""The contract between a worker and the instances it starts, in one place.
+
+A worker starts an instance process (``python -m worker.runtime``) with:
+- ``DILU_INSTANCE_CONFIG``: a JSON file holding an ``InstanceConfig``;
+- ``DILU_LISTEN_FD``: an inherited, already-bound listening socket;
+- ``DILU_INSTANCE_ID``, ``DILU_FUNCTION``; ``DILU_DEVICE`` (``cuda`` or ``cpu``).
+
+The instance answers ``GET /health`` 200 once ready, and 503 with ``{"loading": true}`` (and the
+``x-dilu-loading: 1`` header) while it loads, so a caller that reached it early tells "not yet"
+from a failure without matching text. An instance whose handler cannot be imported or loaded
+prints a last ``ERROR_MARKER`` line on stderr and exits with ``EXIT_LOAD_FAILED``.
+
+This module is imported by every instance at start-up, so it uses the standard library only:
+reading the three variables through pydantic-settings would add about 150 ms to every cold start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+ENV_CONFIG = "DILU_INSTANCE_CONFIG"
+ENV_LISTEN_FD = "DILU_LISTEN_FD"
+ENV_INSTANCE_ID = "DILU_INSTANCE_ID"
+ENV_FUNCTION = "DILU_FUNCTION"
+ENV_DEVICE = "DILU_DEVICE"
+
+EXIT_LOAD_FAILED = 3
+ERROR_MARKER = "DILU-ERROR: "
+LOADING_HEADER = "x-dilu-loading"
+
+
+@dataclass(frozen=True)
+class InstanceConfig:
+    """What the worker hands an instance (as JSON in the file named by ``DILU_INSTANCE_CONFIG``)."""
+
+    instance_id: str
+    function: str
+    handler: str
+    source_dir: str
+    options: dict[str, Any]
+    max_batch_size: int
+    max_wait_ms: float
+
+    @classmethod
+    def from_file(cls, path: str) -> "InstanceConfig":
+        with open(path, encoding="utf-8") as handle:
+            return cls(**json.load(handle))
+
+
+@dataclass(frozen=True)
+class InstanceEnvironment:
+    """The variables an instance reads; ``from_environ`` is the only place they are read."""
+
+    config_path: str | None
+    listen_fd: int | None
+    device: str = "cpu"
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> "InstanceEnvironment":
+        environ = os.environ if environ is None else environ
+        fd = environ.get(ENV_LISTEN_FD)
+        return cls(config_path=environ.get(ENV_CONFIG) or None,
+                   listen_fd=int(fd) if fd and fd.isdigit() else None,
+                   device=environ.get(ENV_DEVICE) or "cpu")
+
+
+def is_loading(status: int, headers: Mapping[str, str]) -> bool:
+    """Whether an instance's reply means "still loading, try another" (not a failure)."""
+    return status == 503 and headers.get(LOADING_HEADER) == "1"
