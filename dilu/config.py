@@ -77,8 +77,8 @@ class ControllerSettings(CommonSettings):
     worker_ttl_s: float = Field(5.0, gt=0, description="A worker silent this long is lost")
     cold_start_default_s: float = Field(2.0, ge=0, description="Assumed cold start of a version never started yet")
     profiling: bool = Field(True, description="Profile functions whose spec does not pin a slice")
-    profile_trial_s: float = Field(0.5, gt=0, description="Load applied per profiling trial")
-    profile_max_batch: int = Field(32, ge=1, le=4096)
+    profile_trial_s: float = Field(0.5, gt=0, description="Least time per profiling trial (inference trials "
+                                                          "also run at least 100 requests)")
     horizontal_interval_s: float = Field(1.0, gt=0)
     horizontal_window: int = Field(40, ge=1)
     horizontal_out_samples: int = Field(20, ge=1)

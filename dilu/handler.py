@@ -5,6 +5,8 @@ Contract (duck-typed, subclassing is optional):
 - ``load()`` is called exactly once before the instance reports ready; raising fails the instance.
 - ``predict(inputs: list) -> list`` receives a batch of decoded JSON request bodies and returns
   one JSON-serialisable result per input, in order.
+- A batch-class function (``class: batch``, a training loop) reports its progress with
+  ``dilu.report_progress(units)``: the profiler sizes its slice by that rate.
 - An input the handler cannot accept is the caller's fault: raise ``InputError`` (or return an
   ``InputError`` in its place) and that request is answered 422 with the message. Any other
   exception is answered 500 with its message. Either way, when a batch fails the runtime runs
@@ -13,7 +15,28 @@ Contract (duck-typed, subclassing is optional):
 
 from __future__ import annotations
 
+import threading
 from typing import Any
+
+_progress_lock = threading.Lock()
+_progress_units = 0.0
+
+
+def report_progress(units: float = 1.0) -> None:
+    """Records ``units`` of work done (samples, steps, tokens: any unit, used consistently).
+
+    The progress hook of batch-class functions (training, offline work): the profiler measures
+    the rate of progress at each compute share, and ``dilu describe`` shows the current rate.
+    Thread-safe and cheap; call it from the training loop as often as convenient.
+    """
+    global _progress_units
+    with _progress_lock:
+        _progress_units += units
+
+
+def progress_units() -> float:
+    """All units reported so far in this process."""
+    return _progress_units
 
 
 class InputError(ValueError):
@@ -32,6 +55,10 @@ class Handler:
 
     def load(self) -> None:
         """Load weights and warm up; called once."""
+
+    def report_progress(self, units: float = 1.0) -> None:
+        """Batch-class functions: records ``units`` of work done (see ``dilu.report_progress``)."""
+        report_progress(units)
 
     def predict(self, inputs: list[Any]) -> list[Any]:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -35,6 +35,8 @@ class _Instance:
     started_at: float = field(default_factory=time.monotonic)
     ended_at: float | None = None
     slice: tuple[float, float] = (0.0, 1.0)   # (request, limit) that applies once the instance is ready
+    progress: tuple[float, float] | None = None   # (units, at) last read from a batch-class instance
+    progress_per_s: float | None = None
 
     @property
     def cls(self) -> str:
@@ -152,7 +154,28 @@ class WorkerAgent:
         return True
 
     def telemetry(self) -> dict:
-        return self._gpu.telemetry() if self._gpu is not None else {}
+        """Per instance: the token manager's view (GPU workers) and the progress rate of
+        batch-class instances (any worker)."""
+        views = self._gpu.telemetry() if self._gpu is not None else {}
+        for instance_id, record in self._instances.items():
+            if record.progress_per_s is not None and record.state == READY:
+                views[instance_id] = {**views.get(instance_id, {}), "progress_per_s": record.progress_per_s,
+                                      "progress_units": record.progress[0]}
+        return views
+
+    async def _read_progress(self) -> None:
+        """Samples each ready batch-class instance's reported progress (once per heartbeat)."""
+        for record in list(self._instances.values()):
+            if record.state != READY or record.cls != "batch" or record.running is None:
+                continue
+            try:
+                reply = (await self._http.get(record.running.endpoint + "/progress")).json()
+                sample = (float(reply["units"]), float(reply["at"]))
+            except (httpx.HTTPError, ValueError, KeyError, TypeError):
+                continue
+            if record.progress is not None and sample[1] > record.progress[1]:
+                record.progress_per_s = max(0.0, (sample[0] - record.progress[0]) / (sample[1] - record.progress[1]))
+            record.progress = sample
 
     async def read_logs(self, instance_id: str, tail: int = 200) -> str:
         return read_log_tail(self.log_path(instance_id), tail)
@@ -165,8 +188,8 @@ class WorkerAgent:
             if loop.time() - last_beat >= self._heartbeat_s:
                 try:
                     await self._store.heartbeat(self.info, self._ttl_s)
-                    if self._gpu is not None:
-                        await self._store.report_telemetry(self.info.id, self.telemetry(), self._ttl_s)
+                    await self._read_progress()
+                    await self._store.report_telemetry(self.info.id, self.telemetry(), self._ttl_s)
                     last_beat = loop.time()
                 except Exception:
                     log.exception("heartbeat failed")

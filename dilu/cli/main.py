@@ -68,7 +68,7 @@ def up(
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Run gateway, controller and workers in one process (SQLite + in-process state by default)."""
-    from dilu.roles import examples_dir, run_all_in_one
+    from dilu.roles import run_all_in_one
 
     _setup_logging(verbose)
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
@@ -232,20 +232,25 @@ def describe(name: str) -> None:
     profile = function.get("profile")
     if profile:
         if profile["status"] == "done":
+            unit = "units/s of progress" if profile.get("kind") == "training" else "req/s"
+            latency = "" if profile.get("kind") == "training" else f", p99 {profile['latency_ms']} ms"
             out.print(f"profile: request {profile['sm_request']:g}, limit {profile['sm_limit']:g}, batch "
-                      f"{profile['batch']}, {profile['throughput_per_s']:.1f} req/s per instance, "
-                      f"{profile['latency_ms']} ms per batch, {profile['trials']} trials", highlight=False)
+                      f"{profile['batch']}, {profile['throughput_per_s']:.1f} {unit} per instance{latency}, "
+                      f"{profile['trials']} trials", highlight=False)
         else:
             out.print(f"profile: {profile['status']} ({profile['trials']} trials)"
                       + (f": {profile['error']}" if profile.get("error") else ""), highlight=False)
     out.print_json(json.dumps(function["spec"]))
-    table = Table("INSTANCE", "WORKER", "VERSION", "STATE", "ENDPOINT", "SLICE", "GRANTED", "USED", "KLC")
+    table = Table("INSTANCE", "WORKER", "VERSION", "STATE", "ENDPOINT", "SLICE", "GRANTED", "USED", "KLC",
+                  "PROGRESS")
     for i in instances:
         view = i.get("telemetry") or {}
         slice_text = f"{i['sm_request']:g}/{i['sm_limit']:g}" if i.get("sm_limit") is not None else "-"
+        number = lambda key, fmt: format(view[key], fmt) if view.get(key) is not None else "-"  # noqa: E731
         table.add_row(i["id"], i["worker_id"], str(i["version"]), i["state"], i["endpoint"] or "-", slice_text,
-                      f"{view['granted_share']:.2f}" if view else "-", f"{view['used_share']:.2f}" if view else "-",
-                      f"{view['klc_ms']:g} ms" if view.get("klc_ms") is not None else "-")
+                      number("granted_share", ".2f"), number("used_share", ".2f"),
+                      f"{view['klc_ms']:g} ms" if view.get("klc_ms") is not None else "-",
+                      f"{view['progress_per_s']:.1f}/s" if view.get("progress_per_s") is not None else "-")
     out.print(table)
     for e in events:
         out.print(f"{e['at']}  {e['action']:<14} {e['reason']}", highlight=False)

@@ -7,7 +7,6 @@ windows and histograms) and carries decisions out through the actuator.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import statistics
@@ -17,19 +16,18 @@ from dataclasses import dataclass, field
 
 from dilu.config import ControllerSettings
 from dilu.controller.actuators import Actuator
-from dilu.slices import Slice, effective_slice
+from dilu.slices import effective_slice
 from dilu.controller.context import ControllerContext
-from dilu.controller.profiling import LiveTrialRunner, SlicesUnavailable, run_search, sample_request
+from dilu.controller.profiling import ProfilingJobs
 from dilu.db import repo
 from dilu.db.models import FunctionRow, InstanceRow, ProfileRow
-from dilu.messages import ACTIVE_STATES, FAILED, READY, FunctionActivity, WorkerInfo
+from dilu.messages import ACTIVE_STATES, READY, FunctionActivity, WorkerInfo
 from dilu.policy.horizontal import HorizontalContext, HorizontalParams, HorizontalState
 from dilu.policy.horizontal import decide as decide_horizontal
 from dilu.policy.keepalive import KeepAliveParams, KeepAliveState, observe
 from dilu.policy.keepalive import decide as decide_keepalive
 from dilu.policy.replicas import ReplicaContext, desired_instances
 from dilu.state.base import Channel
-from worker.client import WorkerUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +48,7 @@ class FunctionManager:
                                                   settings.horizontal_out_samples, settings.horizontal_in_samples)
         self.keepalive_params = KeepAliveParams(min_samples=settings.keepalive_min_samples)
         self._memory: dict[str, _FunctionMemory] = {}
-        self._profiling: dict[tuple[str, int], asyncio.Task] = {}
+        self.profiling = ProfilingJobs(ctx, actuator, settings)
 
     async def reconcile(self, function: FunctionRow, rows: list[InstanceRow], profile: ProfileRow | None,
                         activity: FunctionActivity, live: Sequence[WorkerInfo], telemetry: dict) -> None:
@@ -59,11 +57,11 @@ class FunctionManager:
         old = [r for r in serving if r.function_version != function.version]
         memory = self._memory.setdefault(function.name, _FunctionMemory())
 
-        if function.status == "deploying" and self._needs_profile(function, profile):
-            self._start_profiling(function, live)
+        if function.status == "deploying" and self.profiling.needed(function, profile):
+            self.profiling.start(function, live)
             return
         if function.status == "profiling":
-            await self._resume_profiling(function, rows, live)
+            await self.profiling.resume(function, rows, live)
             return
         if function.status == "deploying" and any(r.state == READY for r in current):
             await self.ctx.db(repo.set_function_status, name=function.name, version=function.version, status="ready")
@@ -121,118 +119,6 @@ class FunctionManager:
             concurrency_per_instance=2 * spec["batching"]["max_batch_size"], lazy_desired=lazy,
             lazy_reason=lazy_reason, keep=keep.verdict, keep_reason=keep.reason))
 
-    # ---- profiling ----
-    def _needs_profile(self, function: FunctionRow, profile: ProfileRow | None) -> bool:
-        resources = function.spec["resources"]
-        pinned = resources.get("sm_request") is not None and resources.get("sm_limit") is not None
-        return self.settings.profiling and not pinned and profile is None
-
-    async def _resume_profiling(self, function: FunctionRow, rows: list[InstanceRow],
-                                live: Sequence[WorkerInfo]) -> None:
-        """A function left "profiling" with no job here (the controller restarted): start over."""
-        task = self._profiling.get((function.name, function.version))
-        if task is not None and not task.done():
-            return
-        for row in rows:
-            if row.role == "profile" and row.state in ACTIVE_STATES:
-                await self.actuator.stop(row, "profiling restarts", now=True)
-        await self.ctx.event(function.name, "profile", "profiling restarts (no job was running it)")
-        self._start_profiling(function, live)
-
-    def _start_profiling(self, function: FunctionRow, live: Sequence[WorkerInfo]) -> None:
-        key = (function.name, function.version)
-        if key in self._profiling and not self._profiling[key].done():
-            return
-        self._profiling[key] = self.ctx.spawn(self._profile(function, list(live)))
-
-    async def _profile(self, function: FunctionRow, live: list[WorkerInfo]) -> None:
-        name, version = function.name, function.version
-        await self.ctx.db(repo.save_profile, function=name, version=version, status="running",
-                          kind="training" if function.spec.get("class") == "batch" else "inference", trials=0)
-        await self.ctx.db(repo.set_function_status, name=name, version=version, status="profiling")
-        await self.ctx.store.publish(Channel.FUNCTIONS, {"function": name})
-        max_batch = self.settings.profile_max_batch
-        row = await self.actuator.start(function, Slice(1.0, 1.0, max_batch), live, "profiling the new version",
-                                        role="profile", wait_ms=2.0)
-        if row is None:
-            await self._profile_failed(function, "no worker could run the profiling instance")
-            return
-        try:
-            error = await self._wait_ready(row, live)
-            if error is not None:
-                # The handler itself cannot load: the deployment fails as it would without profiling.
-                await self.ctx.db(repo.save_profile, function=name, version=version, status="failed", error=error)
-                await self.ctx.db(repo.set_function_status, name=name, version=version, status="failed", error=error)
-                await self.ctx.event(name, "failed", error, row.id)
-                await self.ctx.store.publish(Channel.FUNCTIONS, {"function": name})
-                return
-            await self._search(function, row, live, max_batch)
-        except Exception as exc:  # a broken trial must not leave the function stuck in "profiling"
-            log.exception("profiling %s failed", name)
-            await self._profile_failed(function, f"{type(exc).__name__}: {exc}")
-        finally:
-            await self.actuator.stop(row, "profiling finished", now=True)
-
-    async def _search(self, function: FunctionRow, row: InstanceRow, live: list[WorkerInfo], max_batch: int) -> None:
-        name, version = function.name, function.version
-        info = next(w for w in live if w.id == row.worker_id)
-        loop = asyncio.get_running_loop()
-
-        def progress(trials: int) -> None:
-            asyncio.run_coroutine_threadsafe(
-                self.ctx.db(repo.save_profile, function=name, version=version, trials=trials), loop)
-
-        runner = LiveTrialRunner(loop=loop, client=self.ctx.directory.client_for(info.id, info.url),
-                                 instance_id=row.id, endpoint=row.endpoint, sample=sample_request(function.source_dir),
-                                 trial_s=self.settings.profile_trial_s, on_trial=progress)
-        try:
-            found = await run_search(runner, cls=function.spec.get("class", "latency"),
-                                     slo_s=function.spec["slo"]["p99_ms"] / 1000, max_batch=max_batch,
-                                     batch=function.spec["batching"]["max_batch_size"])
-        except SlicesUnavailable as exc:
-            await self._profile_failed(function, str(exc))
-            return
-        await self.ctx.db(repo.save_profile, function=name, version=version, status="done", kind=found.kind,
-                          sm_request=found.sm_request, sm_limit=found.sm_limit, batch=found.batch,
-                          throughput_per_s=found.throughput_per_s, latency_s=found.latency_s,
-                          meets_slo=found.meets_slo, trials=found.trials)
-        await self.ctx.event(name, "profiled", f"request {found.sm_request:g}, limit {found.sm_limit:g}, batch "
-                             f"{found.batch}, {found.throughput_per_s:.1f} req/s per instance, "
-                             f"{found.latency_s * 1000:.1f} ms, {found.trials} trials"
-                             + ("" if found.meets_slo else " (the SLO cannot be met)"))
-        await self.ctx.db(repo.set_function_status, name=name, version=version, status="deploying")
-        await self.ctx.store.publish(Channel.FUNCTIONS, {"function": name})
-
-    async def _wait_ready(self, row: InstanceRow, live: list[WorkerInfo]) -> str | None:
-        """None once the profiling instance is ready; its error if it ended first."""
-        info = next(w for w in live if w.id == row.worker_id)
-        client = self.ctx.directory.client_for(info.id, info.url)
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            try:
-                status = next((s for s in await client.list_instances() if s.instance_id == row.id), None)
-            except WorkerUnavailable as exc:
-                return str(exc)
-            if status is not None and status.state == READY:
-                return None
-            if status is not None and status.state == FAILED:
-                return status.error or "the profiling instance failed"
-            await asyncio.sleep(0.1)
-        return "the profiling instance did not become ready"
-
-    async def _profile_failed(self, function: FunctionRow, error: str) -> None:
-        """Profiling could not run: deploy with the default slice rather than not at all."""
-        name, version = function.name, function.version
-        await self.ctx.db(repo.save_profile, function=name, version=version, status="failed", error=error)
-        await self.ctx.event(name, "profile-failed", f"{error}; deploying with the default slice")
-        await self.ctx.db(repo.set_function_status, name=name, version=version, status="deploying")
-        await self.ctx.store.publish(Channel.FUNCTIONS, {"function": name})
-
-    def cancel_profiling(self) -> None:
-        """On shutdown: profiling jobs stop where they are; the next controller starts them over."""
-        for task in self._profiling.values():
-            task.cancel()
-
     def forget_except(self, names: set[str]) -> None:
         """Drops the policy state of functions that no longer exist."""
         for name in [n for n in self._memory if n not in names]:
@@ -242,7 +128,7 @@ class FunctionManager:
 def _at_limits(current: list[InstanceRow], telemetry: dict) -> bool:
     """Whether every instance already uses (nearly) its whole compute limit; CPU instances, which
     report no telemetry, count as having no vertical headroom."""
-    views = [telemetry.get(r.id) for r in current]
+    views = [v if v and "used_share" in v else None for v in (telemetry.get(r.id) for r in current)]
     if not any(views):
         return True
     return all(v is None or v.get("used_share", 0) >= 0.9 * (r.sm_limit or 1.0) for r, v in zip(current, views))

@@ -1,91 +1,183 @@
-"""Profiling jobs: run a function's search against a live instance whose slice is resized per trial.
+"""Profiling jobs: one background job per new function version that needs a profile.
 
-The instance runs with a large batch limit; a trial sets its compute slice (GPU tokens, or a CPU
-quota on CPU workers) and drives ``batch`` closed-loop clients for ``trial_s`` seconds, so the
-runtime's dynamic batching forms batches of that size. Searches are the pure ones in
-``dilu.policy.profiler``; they run in a thread and call back into the event loop per trial.
+A job starts a profiling instance (the whole device, the spec's batch bound), waits until it is
+ready, runs the class's search through a trial runner (``dilu.controller.trials``), stores the
+profile and hands the function back to deployment. What goes wrong is told to the user:
+
+- no usable sample input (``request.json``) for an inference function: the deployment fails at
+  once with a message saying what to add (pinning the slice skips profiling);
+- the handler cannot load, or requests with the sample input fail during a trial: the
+  deployment fails with that error (a function that cannot serve its own sample is broken);
+- the platform cannot profile (no worker fits the profiling instance, the worker cannot resize
+  it): the function deploys with the default slice, and the event says why.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import statistics
 import time
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Sequence
 
-import httpx
-
-from dilu.policy.profiler import Profile, TrialResult, hybrid_growth_search, training_search
-from worker.client import WorkerClient
+from dilu.config import ControllerSettings
+from dilu.controller.actuators import Actuator
+from dilu.controller.context import ControllerContext
+from dilu.controller.trials import (LiveTrialRunner, MissingSample, ProgressTrialRunner, SlicesUnavailable,
+                                    TrialFailed, run_search, sample_request)
+from dilu.db import repo
+from dilu.db.models import FunctionRow, InstanceRow, ProfileRow
+from dilu.messages import ACTIVE_STATES, FAILED, READY, WorkerInfo
+from dilu.policy.profiler import Profile
+from dilu.slices import Slice
+from dilu.state.base import Channel
+from worker.client import WorkerUnavailable
 
 log = logging.getLogger(__name__)
+READY_TIMEOUT_S = 600.0
 
 
-class SlicesUnavailable(RuntimeError):
-    """The worker cannot resize the instance (no shim, no cgroup): trials would measure nothing."""
+class ProfilingJobs:
+    def __init__(self, ctx: ControllerContext, actuator: Actuator, settings: ControllerSettings) -> None:
+        self.ctx = ctx
+        self.actuator = actuator
+        self.settings = settings
+        self._jobs: dict[tuple[str, int], asyncio.Task] = {}
+
+    def needed(self, function: FunctionRow, profile: ProfileRow | None) -> bool:
+        """Whether this version still needs a profile (profiling on, slice not pinned, none yet)."""
+        resources = function.spec["resources"]
+        pinned = resources.get("sm_request") is not None and resources.get("sm_limit") is not None
+        return self.settings.profiling and not pinned and profile is None
+
+    def start(self, function: FunctionRow, live: Sequence[WorkerInfo]) -> None:
+        """Starts the version's job unless one runs; idempotent."""
+        key = (function.name, function.version)
+        if key in self._jobs and not self._jobs[key].done():
+            return
+        self._jobs[key] = self.ctx.spawn(self._profile(function, list(live)))
+
+    async def resume(self, function: FunctionRow, rows: list[InstanceRow], live: Sequence[WorkerInfo]) -> None:
+        """A function left "profiling" with no job here (the controller restarted): start over."""
+        task = self._jobs.get((function.name, function.version))
+        if task is not None and not task.done():
+            return
+        for row in rows:
+            if row.role == "profile" and row.state in ACTIVE_STATES:
+                await self.actuator.stop(row, "profiling restarts", now=True)
+        await self.ctx.event(function.name, "profile", "profiling restarts (no job was running it)")
+        self.start(function, live)
+
+    def cancel_all(self) -> None:
+        """On shutdown: jobs stop where they are; the next controller starts them over."""
+        for task in self._jobs.values():
+            task.cancel()
+
+    # ---- one job ----
+    async def _profile(self, function: FunctionRow, live: list[WorkerInfo]) -> None:
+        name, version = function.name, function.version
+        training = function.spec.get("class") == "batch"
+        try:
+            sample = None if training else sample_request(function.source_dir)
+        except MissingSample as exc:
+            await self._deployment_failed(function, str(exc))
+            return
+        await self.ctx.db(repo.save_profile, function=name, version=version, status="running",
+                          kind="training" if training else "inference", trials=0)
+        await self.ctx.db(repo.set_function_status, name=name, version=version, status="profiling")
+        await self.ctx.store.publish(Channel.FUNCTIONS, {"function": name})
+        max_batch = function.spec["batching"]["max_batch_size"]
+        row = await self.actuator.start(function, Slice(1.0, 1.0, max_batch), live, "profiling the new version",
+                                        role="profile", wait_ms=2.0)
+        if row is None:
+            await self._cannot_profile(function, "no worker could run the profiling instance")
+            return
+        try:
+            error = await self._wait_ready(row, live)
+            if error is not None:
+                await self._deployment_failed(function, error, row.id)  # the handler itself cannot load
+                return
+            found = await self._search(function, row, live, sample)
+            if found is not None:
+                await self._done(function, found)
+        except TrialFailed as exc:
+            await self._deployment_failed(function, f"profiling failed: {exc}", row.id)
+        except SlicesUnavailable as exc:
+            await self._cannot_profile(function, str(exc))
+        except Exception as exc:  # a broken trial must not leave the function stuck in "profiling"
+            log.exception("profiling %s failed", name)
+            await self._cannot_profile(function, f"{type(exc).__name__}: {exc}")
+        finally:
+            await self.actuator.stop(row, "profiling finished", now=True)
+
+    async def _search(self, function: FunctionRow, row: InstanceRow, live: list[WorkerInfo],
+                      sample: bytes | None) -> Profile:
+        name, version = function.name, function.version
+        info = next(w for w in live if w.id == row.worker_id)
+        loop = asyncio.get_running_loop()
+
+        def progress(trials: int) -> None:
+            asyncio.run_coroutine_threadsafe(
+                self.ctx.db(repo.save_profile, function=name, version=version, trials=trials), loop)
+
+        client = self.ctx.directory.client_for(info.id, info.url)
+        common = {"loop": loop, "client": client, "instance_id": row.id, "endpoint": row.endpoint,
+                  "trial_s": self.settings.profile_trial_s, "on_trial": progress}
+        runner = ProgressTrialRunner(**common) if sample is None else LiveTrialRunner(sample=sample, **common)
+        batching = function.spec["batching"]
+        return await run_search(runner, cls=function.spec.get("class", "latency"),
+                                slo_s=function.spec["slo"]["p99_ms"] / 1000, max_batch=batching["max_batch_size"],
+                                batch=batching["max_batch_size"])
+
+    async def _done(self, function: FunctionRow, found: Profile) -> None:
+        name, version = function.name, function.version
+        await self.ctx.db(repo.save_profile, function=name, version=version, status="done", kind=found.kind,
+                          sm_request=found.sm_request, sm_limit=found.sm_limit, batch=found.batch,
+                          throughput_per_s=found.throughput_per_s, latency_s=found.latency_s,
+                          meets_slo=found.meets_slo, trials=found.trials)
+        await self.ctx.event(name, "profiled", describe_profile(found))
+        await self.ctx.db(repo.set_function_status, name=name, version=version, status="deploying")
+        await self.ctx.store.publish(Channel.FUNCTIONS, {"function": name})
+
+    async def _wait_ready(self, row: InstanceRow, live: list[WorkerInfo]) -> str | None:
+        """None once the profiling instance is ready; its error if it ended first."""
+        info = next(w for w in live if w.id == row.worker_id)
+        client = self.ctx.directory.client_for(info.id, info.url)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                status = next((s for s in await client.list_instances() if s.instance_id == row.id), None)
+            except WorkerUnavailable as exc:
+                return str(exc)
+            if status is not None and status.state == READY:
+                return None
+            if status is not None and status.state == FAILED:
+                return status.error or "the profiling instance failed"
+            await asyncio.sleep(0.1)  # polling the worker; the instance is loading
+        return "the profiling instance did not become ready"
+
+    async def _deployment_failed(self, function: FunctionRow, error: str, instance_id: str | None = None) -> None:
+        name, version = function.name, function.version
+        await self.ctx.db(repo.save_profile, function=name, version=version, status="failed", error=error)
+        await self.ctx.db(repo.set_function_status, name=name, version=version, status="failed", error=error)
+        await self.ctx.event(name, "failed", error, instance_id)
+        await self.ctx.store.publish(Channel.FUNCTIONS, {"function": name})
+
+    async def _cannot_profile(self, function: FunctionRow, error: str) -> None:
+        """The platform could not profile: deploy with the default slice rather than not at all."""
+        name, version = function.name, function.version
+        await self.ctx.db(repo.save_profile, function=name, version=version, status="failed", error=error)
+        await self.ctx.event(name, "profile-failed", f"{error}; deploying with the default slice")
+        await self.ctx.db(repo.set_function_status, name=name, version=version, status="deploying")
+        await self.ctx.store.publish(Channel.FUNCTIONS, {"function": name})
 
 
-def sample_request(source_dir: str) -> bytes:
-    """The function's sample input: ``request.json`` beside its spec, else ``{}``."""
-    path = Path(source_dir) / "request.json"
-    try:
-        text = path.read_text(encoding="utf-8")
-        json.loads(text)
-        return text.encode()
-    except (OSError, ValueError):
-        return b"{}"
-
-
-class LiveTrialRunner:
-    """A TrialRunner whose trials run against a live instance (called from a worker thread)."""
-
-    def __init__(self, *, loop: asyncio.AbstractEventLoop, client: WorkerClient, instance_id: str, endpoint: str,
-                 sample: bytes, trial_s: float, on_trial: Callable[[int], None] | None = None) -> None:
-        self.loop, self.client, self.instance_id, self.endpoint = loop, client, instance_id, endpoint
-        self.sample, self.trial_s, self.on_trial = sample, trial_s, on_trial
-        self.count = 0
-
-    def trial(self, batch: int, sm_pct: int) -> TrialResult | None:
-        result = asyncio.run_coroutine_threadsafe(self._trial(batch, sm_pct), self.loop).result()
-        self.count += 1
-        if self.on_trial is not None:
-            self.on_trial(self.count)
-        return result
-
-    async def _trial(self, batch: int, sm_pct: int) -> TrialResult | None:
-        share = sm_pct / 100
-        if not await self.client.set_slice(self.instance_id, share, share):
-            raise SlicesUnavailable(f"the worker cannot resize {self.instance_id}")
-        latencies: list[float] = []
-        async with httpx.AsyncClient(base_url=self.endpoint, timeout=60,
-                                     limits=httpx.Limits(max_connections=batch + 1)) as http:
-            async def one() -> None:
-                started = time.perf_counter()
-                reply = await http.post("/infer", content=self.sample, headers={"content-type": "application/json"})
-                if reply.status_code == 200:
-                    latencies.append(time.perf_counter() - started)
-
-            await asyncio.gather(*(one() for _ in range(batch)))  # warm-up round at the new share
-            latencies.clear()
-            deadline = time.perf_counter() + self.trial_s
-            started = time.perf_counter()
-
-            async def loop() -> None:
-                while time.perf_counter() < deadline:
-                    await one()
-
-            await asyncio.gather(*(loop() for _ in range(batch)))
-            elapsed = time.perf_counter() - started
-        if not latencies:
-            return None
-        return TrialResult(statistics.median(latencies), len(latencies) / elapsed)
-
-
-async def run_search(runner: LiveTrialRunner, *, cls: str, slo_s: float, max_batch: int, batch: int) -> Profile:
-    """Runs the right search for the function's class in a thread (trials call back into the loop)."""
-    if cls == "batch":
-        return await asyncio.to_thread(training_search, runner, batch=batch)
-    return await asyncio.to_thread(hybrid_growth_search, runner, slo_s, max_batch=max_batch)
+def describe_profile(found: Profile) -> str:
+    """The "profiled" event's text: the slice, the batch (and the batch the runtime formed)."""
+    if found.kind == "training":
+        return (f"request {found.sm_request:g}, limit {found.sm_limit:g}: {found.throughput_per_s:.1f} units/s of "
+                f"progress at the request, {found.trials} trials")
+    text = (f"request {found.sm_request:g}, limit {found.sm_limit:g}, batch {found.batch}"
+            + (f" ({found.batch_formed:.1f} formed on average)" if found.batch_formed else "")
+            + f", {found.throughput_per_s:.1f} req/s per instance, p99 {found.latency_s * 1000:.1f} ms, "
+              f"{found.trials} trials")
+    return text + ("" if found.meets_slo else " (the SLO cannot be met)")

@@ -212,6 +212,6 @@ class Reconciler:
         self._routes = {name: sorted(eps, key=lambda e: e.instance_id) for name, eps in routes.items()}
 
     async def shutdown(self) -> None:
-        self.functions.cancel_profiling()
+        self.functions.profiling.cancel_all()
         if self.ctx.background:
             await asyncio.gather(*self.ctx.background, return_exceptions=True)

@@ -60,6 +60,7 @@ class Profile:
     meets_slo: bool = True
     history: tuple[tuple[int, int, float, float], ...] = field(default=(), repr=False)  # (batch, sm, lat, tput)
     search_trials: int = 0    # trials spent finding the request and batch (the rest found the limit)
+    batch_formed: float | None = None  # the mean batch the runtime formed at the request, when observed
 
 
 class _Recorder:
@@ -264,7 +265,7 @@ def hybrid_growth_search(runner: TrialRunner, slo_s: float, *, max_batch: int = 
     search_trials = run.count
     limit = _knee(run, batch, sm, sm_step)
     return Profile("inference", sm / 100, max(sm, limit) / 100, batch, result.throughput_per_s, result.latency_s,
-                   run.count, history=run.history(), search_trials=search_trials)
+                   run.count, history=run.history(), search_trials=search_trials, batch_formed=result.batch_formed)
 
 
 def _polish(run: _Recorder, best: tuple[float, int, int], tight: list[tuple[float, int, int]], slo_s: float,

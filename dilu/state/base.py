@@ -47,10 +47,10 @@ class StateStore(Protocol):
         """Per-function activity summed over live gateway snapshots, with recent counters."""
 
     async def report_telemetry(self, worker_id: str, instances: dict[str, dict[str, Any]], ttl_s: float) -> None:
-        """Stores a GPU worker's token-manager telemetry (per instance) for ``ttl_s``."""
+        """Stores a worker's telemetry (per instance: token-manager view, progress rate) for ``ttl_s``."""
 
     async def telemetry(self) -> dict[str, dict[str, Any]]:
-        """Per-instance telemetry from every live GPU worker."""
+        """Per-instance telemetry from every live worker."""
 
     async def set_routes(self, function: str, endpoints: list[Endpoint]) -> None:
         """Replaces the ready endpoints of ``function`` (an empty list removes it)."""

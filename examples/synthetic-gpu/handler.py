@@ -38,8 +38,9 @@ class LatencyKernels(Handler):
 
 
 class TrainingLoop(Handler):
-    """A batch job: a background loop of training-step kernels. A request reports its progress:
-    the share of device time it achieved over the last ``window_s`` seconds."""
+    """A batch job: a background loop of training-step kernels, reporting each synchronised group
+    of steps with ``report_progress`` (the profiler's measure). A request answers with the share
+    of device time it achieved over the last ``window_s`` seconds."""
 
     def load(self) -> None:
         self.driver = CudaDriver()
@@ -57,6 +58,7 @@ class TrainingLoop(Handler):
             if self.steps % self.sync_every == 0:
                 self.driver.synchronize()
                 self.samples.append((time.monotonic(), self.driver.device_ns))
+                self.report_progress(self.sync_every)
 
     def predict(self, inputs: list) -> list:
         now = time.monotonic()

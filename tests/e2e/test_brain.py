@@ -74,7 +74,7 @@ async def _replay(url: str, rates: list[float], stop_at: float) -> int:
 @needs_cgroups
 def test_bursty_load_scales_out_lazily_and_back_in(start_platform, tmp_path: Path) -> None:
     platform = start_platform(env={
-        "DILU_PROFILING": "true", "DILU_PROFILE_TRIAL_S": "0.4", "DILU_PROFILE_MAX_BATCH": "8",
+        "DILU_PROFILING": "true", "DILU_PROFILE_TRIAL_S": "0.4",
         "DILU_HORIZONTAL_WINDOW": "10", "DILU_HORIZONTAL_OUT_SAMPLES": "5", "DILU_HORIZONTAL_IN_SAMPLES": "6"})
     spec = burn_function(tmp_path, "bursty", "scaling:\n  min_instances: 1\n  max_instances: 4\n  keep_alive_s: 600\n")
     assert platform.cli("deploy", str(spec), timeout=300).returncode == 0
@@ -127,7 +127,7 @@ def test_an_idle_function_goes_to_zero_and_is_prewarmed_before_its_next_request(
 
 @needs_cgroups
 def test_profiling_interrupted_by_a_restart_starts_over(start_platform, tmp_path: Path) -> None:
-    env = {"DILU_PROFILING": "true", "DILU_PROFILE_TRIAL_S": "1.0", "DILU_PROFILE_MAX_BATCH": "8"}
+    env = {"DILU_PROFILING": "true", "DILU_PROFILE_TRIAL_S": "1.0"}
     first = start_platform(env=env, name="home")
     spec = burn_function(tmp_path, "restarted")
     assert first.cli("deploy", str(spec), "--no-wait").returncode == 0
@@ -141,3 +141,49 @@ def test_profiling_interrupted_by_a_restart_starts_over(start_platform, tmp_path
     assert any("profiling restarts" in r for r in reasons), reasons
     leftovers = [i for i in second.http.get("/v1/functions/restarted/instances").json() if i["role"] == "profile"]
     assert leftovers == [], "the interrupted run's profiling instance is not left running"
+
+
+@needs_cgroups
+def test_a_training_loop_is_profiled_by_its_reported_progress(start_platform) -> None:
+    """The PyTorch training example reports samples with dilu.report_progress: profiling sizes
+    its slice by that rate (request <= limit, neither the whole host), describe shows the rate."""
+    platform = start_platform(env={"DILU_PROFILING": "true", "DILU_PROFILE_TRIAL_S": "0.6"})
+    deployed = platform.cli("deploy", str(ROOT / "examples" / "train-mlp" / "training.yaml"), timeout=300)
+    assert deployed.returncode == 0, deployed.stderr
+    profile = platform.function("train-mlp")["profile"]
+    assert profile["status"] == "done" and profile["kind"] == "training", profile
+    # One training thread can use at most one of the host's cores: more share than that is waste.
+    assert profile["sm_request"] <= profile["sm_limit"] < 1.0, profile
+    assert profile["throughput_per_s"] > 0
+    described = eventually(lambda: (d := platform.cli("describe", "train-mlp")).returncode == 0
+                           and "/s" in d.stdout.split("PROGRESS")[-1] and d, timeout=30,
+                           what="describe to show the progress rate")
+    assert "units/s of progress" in described.stdout
+    assert platform.invoke("train-mlp", {}).json()["steps"] > 0
+
+
+def test_profiling_without_a_sample_input_fails_the_deployment_saying_what_to_add(start_platform,
+                                                                                  tmp_path: Path) -> None:
+    platform = start_platform(env={"DILU_PROFILING": "true"})
+    source = shutil.copytree(FIXTURE_FUNCTIONS / "ok", tmp_path / "nosample")
+    (source / "model.yaml").write_text("name: nosample\nhandler: handler:Echo\nresources:\n  memory: 64Mi\n")
+    result = platform.cli("deploy", str(source / "model.yaml"))
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "add request.json" in result.stderr and "pin the slice" in result.stderr, result.stderr
+    (source / "request.json").write_text("{not json")
+    result = platform.cli("deploy", str(source / "model.yaml"))
+    assert result.returncode == 1 and "request.json is not valid JSON" in result.stderr, result.stderr
+
+
+@needs_cgroups
+def test_a_sample_the_function_fails_on_fails_the_deployment_with_its_error(start_platform, tmp_path: Path) -> None:
+    platform = start_platform(env={"DILU_PROFILING": "true", "DILU_PROFILE_TRIAL_S": "0.2"})
+    source = shutil.copytree(FIXTURE_FUNCTIONS / "picky", tmp_path / "picky")
+    (source / "model.yaml").write_text("name: picky\nhandler: handler:Picky\nresources:\n  memory: 64Mi\n  gpu: false\n")
+    (source / "request.json").write_text('{"x": "four"}')
+    result = platform.cli("deploy", str(source / "model.yaml"), timeout=300)
+    assert result.returncode == 1, result.stdout
+    assert "profiling failed" in result.stderr and "HTTP 422" in result.stderr
+    assert "x must be a number, got 'four'" in result.stderr, result.stderr
+    profile = platform.function("picky")["profile"]
+    assert profile["status"] == "failed" and profile["sm_request"] is None, "no whole-device award"

@@ -4,7 +4,8 @@ Routes: ``POST /infer`` (JSON in, the handler's JSON result out, with ``x-dilu-b
 ``x-dilu-latency-ms`` headers), ``GET /health`` (200 only after ``load()`` succeeded, 503 while
 loading; its body has ``startup``: the wall-clock time each start-up stage ended -
 ``process_start``, ``runtime_imported``, ``handler_imported``, ``loaded``, ``ready``),
-``GET /metrics`` (Prometheus: latency and batch-size histograms).
+``GET /metrics`` (Prometheus: latency and batch-size histograms), ``GET /progress`` (the work
+units a batch-class handler reported with ``dilu.report_progress``, and when).
 If import or ``load()`` fails, the error is printed as a final ``DILU-ERROR:`` line on stderr
 (the instance log) and the process exits with status 3, so the worker reports it instead of
 restarting in a loop.
@@ -28,6 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from dilu.handler import progress_units
 from dilu.instance_protocol import ERROR_MARKER, EXIT_LOAD_FAILED, LOADING_HEADER, InstanceConfig
 from worker.runtime.batcher import Batcher, BatchError
 from worker.runtime.loader import HandlerError, build_handler
@@ -78,6 +80,9 @@ def create_app(state: RuntimeState, lifespan=None) -> Starlette:  # noqa: ANN001
             return JSONResponse({"status": "ready", "instance": state.config.instance_id, "startup": state.marks})
         return JSONResponse({"status": "loading", "loading": True}, status_code=503, headers={LOADING_HEADER: "1"})
 
+    async def progress(_: Request) -> Response:
+        return JSONResponse({"units": progress_units(), "at": time.time()})
+
     async def metrics(_: Request) -> Response:
         content, media_type = await asyncio.to_thread(state.metrics.render)
         return Response(content, media_type=media_type)
@@ -86,6 +91,7 @@ def create_app(state: RuntimeState, lifespan=None) -> Starlette:  # noqa: ANN001
         Route("/infer", infer, methods=["POST"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/progress", progress, methods=["GET"]),
     ])
 
 
