@@ -91,7 +91,7 @@ class WorkerSettings(CommonSettings):
 
     host: str = "127.0.0.1"
     port: int = Field(8081, ge=0, le=65535)
-    runtime: str = Field("process", description="Runtime backend: process (docker arrives later)")
+    runtime: str = Field("process", description="Runtime backend: process (instances are child processes)")
     heartbeat_s: float = Field(1.0, gt=0)
     worker_ttl_s: float = Field(5.0, gt=0)
     health_poll_s: float = Field(0.02, gt=0, description="Health-check period of starting instances (on the cold-start path)")

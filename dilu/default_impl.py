@@ -11,7 +11,7 @@ from dilu.messages import DeviceInfo
 from dilu.policy.scheduler import Scheduler
 from dilu.policy.scheduler import create_scheduler as create_policy_scheduler
 from dilu.state.base import StateStore
-from worker.runtimes.base import RuntimeBackend
+from worker.backends.base import RuntimeBackend
 
 
 def create_store(settings: CommonSettings) -> StateStore:
@@ -32,7 +32,7 @@ def create_scheduler(name: str = "dilu") -> Scheduler:
 
 def create_backend(settings: WorkerSettings) -> RuntimeBackend:
     if settings.runtime == "process":
-        from worker.runtimes.process import ProcessBackend
+        from worker.backends.process import ProcessBackend
 
         from worker.cgroups import CpuLimiter
 

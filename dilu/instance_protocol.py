@@ -1,6 +1,6 @@
 """The contract between a worker and the instances it starts, in one place.
 
-A worker starts an instance process (``python -m worker.runtime``) with:
+A worker starts an instance process (``python -m worker.instance``) with:
 - ``DILU_INSTANCE_CONFIG``: a JSON file holding an ``InstanceConfig``;
 - ``DILU_LISTEN_FD``: an inherited, already-bound listening socket;
 - ``DILU_INSTANCE_ID``, ``DILU_FUNCTION``; ``DILU_DEVICE`` (``cuda`` or ``cpu``).

@@ -3,11 +3,28 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Any
 
 # Instance states as the worker observes them.
 STARTING, READY, STOPPING, STOPPED, FAILED, LOST = "starting", "ready", "stopping", "stopped", "failed", "lost"
 ACTIVE_STATES = frozenset({STARTING, READY})
+
+
+class FunctionStatus(StrEnum):
+    """A function version's life: deploying -> (profiling -> deploying ->) ready | failed.
+
+    Only ``ControllerContext.set_status`` changes it (and tells the gateways)."""
+
+    DEPLOYING = "deploying"
+    PROFILING = "profiling"
+    READY = "ready"
+    FAILED = "failed"
+
+
+class InstanceRole(StrEnum):
+    SERVE = "serve"       # serves requests through the gateway
+    PROFILE = "profile"   # driven by a profiling job only, never routed to
 
 
 class _Wire:

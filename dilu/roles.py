@@ -20,7 +20,7 @@ from gateway.app import create_asgi
 from gateway.services import GatewayServices
 from worker.agent import WorkerAgent
 from worker.api import create_worker_api
-from worker.client import InProcessWorkerClient, WorkerDirectory
+from dilu.worker_client import InProcessWorkerClient, WorkerDirectory
 from worker.devices import discover_devices
 from worker.shimlib import ShimUnavailable, shim_paths
 from worker.tokens.control import GpuControl

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from dilu.spec import FunctionSpec
+
 # Until a profile says otherwise, an instance is guaranteed a quarter of its device and may
 # burst to all of it.
 DEFAULT_SM_REQUEST = 0.25
@@ -24,19 +26,19 @@ class Slice:
     batch: int
 
 
-def effective_slice(spec: dict[str, Any], profile: Any | None) -> Slice:
+def effective_slice(spec: FunctionSpec, profile: Any | None) -> Slice:
     """The slice and batch size instances of a function version run with.
 
     ``profile`` is the version's profile row (or None); its batch never exceeds the spec's
     ``max_batch_size``, the user's bound.
     """
-    resources, max_batch = spec["resources"], spec["batching"]["max_batch_size"]
-    if resources.get("sm_request") is not None and resources.get("sm_limit") is not None:
-        return Slice(resources["sm_request"], resources["sm_limit"], max_batch)
+    resources, max_batch = spec.resources, spec.batching.max_batch_size
+    if resources.sm_request is not None and resources.sm_limit is not None:
+        return Slice(resources.sm_request, resources.sm_limit, max_batch)
     if profile is not None and profile.status == "done":
         batch = min(profile.batch or max_batch, max_batch) if profile.kind == "inference" else max_batch
         return Slice(profile.sm_request, profile.sm_limit, batch)
-    limit = resources.get("sm_limit") if resources.get("sm_limit") is not None else DEFAULT_SM_LIMIT
+    limit = resources.sm_limit if resources.sm_limit is not None else DEFAULT_SM_LIMIT
     return Slice(min(DEFAULT_SM_REQUEST, limit), limit, max_batch)
 
 

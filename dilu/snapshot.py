@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from dilu.db.models import FunctionRow, InstanceRow
-from dilu.messages import ACTIVE_STATES, WorkerInfo
+from dilu.messages import ACTIVE_STATES, InstanceRole, WorkerInfo
 from dilu.policy.scheduler import ClusterSnapshot, Device, PlacementRequest, Scheduler
 from dilu.policy.scheduler.resize import Resize, ResizeVerdict, admit_resize
 
@@ -14,7 +14,7 @@ from dilu.policy.scheduler.resize import Resize, ResizeVerdict, admit_resize
 def build_snapshot(workers: Sequence[WorkerInfo], instances: Iterable[InstanceRow],
                    functions: Iterable[FunctionRow]) -> ClusterSnapshot:
     """One device per live worker (a GPU or the CPU), with what its active instances hold."""
-    classes = {f.name: f.spec.get("class", "latency") for f in functions}
+    classes = {f.name: f.typed_spec.function_class for f in functions}
     on: dict[str, list[InstanceRow]] = {}
     for row in instances:
         if row.state in ACTIVE_STATES | {"stopping"}:
@@ -36,9 +36,9 @@ def check_resize(scheduler: Scheduler, workers: Sequence[WorkerInfo], instances:
                  functions: Sequence[FunctionRow], function: FunctionRow, sm_request: float,
                  sm_limit: float) -> ResizeVerdict:
     """Whether ``function``'s active serving instances may all take the new slice where they are."""
-    resources = function.spec["resources"]
-    mine = [r for r in instances if r.function == function.name and r.role == "serve" and r.state in ACTIVE_STATES]
+    spec = function.typed_spec
+    mine = [r for r in instances if r.function == function.name and r.role == InstanceRole.SERVE and r.state in ACTIVE_STATES]
     resizes = [Resize(r.worker_id, PlacementRequest(function.name, r.memory_bytes, r.sm_request or 0.0,
-                                                    r.sm_limit or 0.0, function.spec.get("class", "latency"),
-                                                    resources["gpu"]), sm_request, sm_limit) for r in mine]
+                                                    r.sm_limit or 0.0, spec.function_class,
+                                                    spec.resources.gpu), sm_request, sm_limit) for r in mine]
     return admit_resize(scheduler, build_snapshot(workers, instances, functions), resizes)

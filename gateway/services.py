@@ -18,10 +18,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from dilu.config import GatewaySettings
 from dilu.db import repo
 from dilu.default_impl import create_scheduler
+from dilu.messages import FunctionStatus
 from dilu.state.base import Channel, StateStore
 from gateway.forward import Forwarder
 from gateway.routing import RoutingTable
-from worker.client import WorkerDirectory
+from dilu.worker_client import WorkerDirectory
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ class FunctionCache:
             self._routing.forget(missing)
         for entry in entries:
             self._entries[entry.name] = entry
-            self._routing.set_failure(entry.name, entry.error if entry.status == "failed" else None)
+            self._routing.set_failure(entry.name, entry.error if entry.status == FunctionStatus.FAILED else None)
 
 
 class ActivityRecorder:

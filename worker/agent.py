@@ -18,7 +18,7 @@ from dilu.messages import FAILED, READY, STARTING, STOPPED, STOPPING, InstanceSt
 from dilu.slices import default_slice
 from dilu.state.base import Channel, StateStore
 from dilu.instance_protocol import ERROR_MARKER, EXIT_LOAD_FAILED
-from worker.runtimes.base import RunningInstance, RuntimeBackend
+from worker.backends.base import RunningInstance, RuntimeBackend
 
 log = logging.getLogger(__name__)
 ENDED_RETENTION_S = 600.0

@@ -11,9 +11,9 @@ from dilu.slices import Slice
 from dilu.snapshot import build_snapshot, check_resize
 from dilu.db import repo
 from dilu.db.models import FunctionRow, InstanceRow, utcnow
-from dilu.messages import FAILED, STARTING, STOPPING, StartInstance, WorkerInfo
+from dilu.messages import FAILED, STARTING, STOPPING, InstanceRole, StartInstance, WorkerInfo
 from dilu.policy.scheduler import PlacementRequest, Scheduler
-from worker.client import WorkerUnavailable
+from dilu.worker_client import WorkerUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -26,13 +26,12 @@ class Actuator:
         self._last_refused: dict[str, str] = {}
 
     async def start(self, function: FunctionRow, chosen: Slice, live: Sequence[WorkerInfo], reason: str, *,
-                    role: str = "serve", batch_override: int | None = None, wait_ms: float | None = None,
+                    role: InstanceRole = InstanceRole.SERVE, batch_override: int | None = None, wait_ms: float | None = None,
                     ) -> InstanceRow | None:
         """Places and starts one instance; None (with an event) when nothing fits or the worker fails."""
-        spec = dict(function.spec)
-        resources = spec["resources"]
-        request = PlacementRequest(function.name, resources["memory"], chosen.sm_request, chosen.sm_limit,
-                                   spec.get("class", "latency"), resources["gpu"])
+        typed = function.typed_spec
+        request = PlacementRequest(function.name, typed.resources.memory, chosen.sm_request, chosen.sm_limit,
+                                   typed.function_class, typed.resources.gpu)
         rows, functions = await self.ctx.db(_rows_and_functions)
         decision = self.scheduler.place(request, build_snapshot(live, rows, functions))
         if not decision.ok:
@@ -44,15 +43,15 @@ class Actuator:
         self._last_unschedulable.pop(function.name, None)
         info = next(w for w in live if w.id == decision.devices[0])
         client = self.ctx.directory.client_for(info.id, info.url)
-        spec["batching"] = {**spec["batching"], "max_batch_size": batch_override or chosen.batch}
-        if wait_ms is not None:
-            spec["batching"]["max_wait_ms"] = wait_ms
+        batching = {"max_batch_size": batch_override or chosen.batch,
+                    "max_wait_ms": typed.batching.max_wait_ms if wait_ms is None else wait_ms}
+        spec = {**function.spec, "batching": batching}  # the wire form of the spec, as this instance runs it
         instance_id = f"{function.name}-{uuid.uuid4().hex[:10]}"
         row = InstanceRow(id=instance_id, function=function.name, function_version=function.version,
                           worker_id=info.id, state=STARTING, memory_bytes=request.memory_bytes,
                           sm_request=chosen.sm_request, sm_limit=chosen.sm_limit, created_at=utcnow(), role=role)
         await self.ctx.db(repo.create_instance, row=row)
-        action = "scale-up" if role == "serve" else "profile"
+        action = "scale-up" if role == InstanceRole.SERVE else "profile"
         await self.ctx.event(function.name, action, f"{reason}; {decision.reason} on {info.id}", instance_id)
         order = StartInstance(instance_id=instance_id, function=function.name, version=function.version,
                               spec=spec, source_dir=function.source_dir, memory_bytes=request.memory_bytes,
@@ -71,7 +70,7 @@ class Actuator:
     async def stop(self, row: InstanceRow, reason: str, *, now: bool = False) -> None:
         """Marks the instance stopping; the worker is told after the new routes are out (unless ``now``)."""
         await self.ctx.db(repo.update_instance, instance_id=row.id, state=STOPPING)
-        if row.role == "serve":
+        if row.role == InstanceRole.SERVE:
             await self.ctx.event(row.function, "scale-down", f"{reason}; stopping {row.id}", row.id)
         workers = await self.ctx.db(repo.list_workers)
         worker = next((w for w in workers if w.id == row.worker_id), None)

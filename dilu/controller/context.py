@@ -10,8 +10,9 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from dilu.db import repo
-from dilu.state.base import StateStore
-from worker.client import WorkerClient, WorkerDirectory
+from dilu.messages import FunctionStatus
+from dilu.state.base import Channel, StateStore
+from dilu.worker_client import WorkerClient, WorkerDirectory
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,11 @@ class ControllerContext:
     async def db(self, fn: Callable[..., Any], /, **kwargs: Any) -> Any:
         """Runs a repository function in a thread with its own session."""
         return await asyncio.to_thread(self._db, fn, **kwargs)
+
+    async def set_status(self, name: str, version: int, status: FunctionStatus, error: str | None = None) -> None:
+        """The one place a function's status changes: written, then published to the gateways."""
+        await self.db(repo.set_function_status, name=name, version=version, status=status.value, error=error)
+        await self.store.publish(Channel.FUNCTIONS, {"function": name})
 
     async def event(self, function: str, action: str, reason: str, instance_id: str | None = None) -> None:
         log.info("%s %s: %s", function, action, reason)

@@ -21,13 +21,12 @@ from dilu.controller.context import ControllerContext
 from dilu.controller.profiling import ProfilingJobs
 from dilu.db import repo
 from dilu.db.models import FunctionRow, InstanceRow, ProfileRow
-from dilu.messages import ACTIVE_STATES, READY, FunctionActivity, WorkerInfo
+from dilu.messages import ACTIVE_STATES, READY, FunctionActivity, FunctionStatus, InstanceRole, WorkerInfo
 from dilu.policy.horizontal import HorizontalContext, HorizontalParams, HorizontalState
 from dilu.policy.horizontal import decide as decide_horizontal
 from dilu.policy.keepalive import KeepAliveParams, KeepAliveState, observe
 from dilu.policy.keepalive import decide as decide_keepalive
 from dilu.policy.replicas import ReplicaContext, desired_instances
-from dilu.state.base import Channel
 
 log = logging.getLogger(__name__)
 
@@ -52,27 +51,26 @@ class FunctionManager:
 
     async def reconcile(self, function: FunctionRow, rows: list[InstanceRow], profile: ProfileRow | None,
                         activity: FunctionActivity, live: Sequence[WorkerInfo], telemetry: dict) -> None:
-        serving = [r for r in rows if r.role == "serve" and r.state in ACTIVE_STATES]
+        serving = [r for r in rows if r.role == InstanceRole.SERVE and r.state in ACTIVE_STATES]
         current = [r for r in serving if r.function_version == function.version]
         old = [r for r in serving if r.function_version != function.version]
         memory = self._memory.setdefault(function.name, _FunctionMemory())
 
-        if function.status == "deploying" and self.profiling.needed(function, profile):
+        if function.status == FunctionStatus.DEPLOYING and self.profiling.needed(function, profile):
             self.profiling.start(function, live)
             return
-        if function.status == "profiling":
+        if function.status == FunctionStatus.PROFILING:
             await self.profiling.resume(function, rows, live)
             return
-        if function.status == "deploying" and any(r.state == READY for r in current):
-            await self.ctx.db(repo.set_function_status, name=function.name, version=function.version, status="ready")
+        if function.status == FunctionStatus.DEPLOYING and any(r.state == READY for r in current):
             await self.ctx.event(function.name, "deployed", f"version {function.version} is ready")
-            await self.ctx.store.publish(Channel.FUNCTIONS, {"function": function.name})
+            await self.ctx.set_status(function.name, function.version, FunctionStatus.READY)
             function = await self.ctx.db(repo.get_function, name=function.name)
-        if old and function.status in ("ready", "failed"):
+        if old and function.status in (FunctionStatus.READY, FunctionStatus.FAILED):
             for row in old:
                 await self.actuator.stop(row, f"replaced by version {function.version}")
 
-        chosen = effective_slice(function.spec, profile)
+        chosen = effective_slice(function.typed_spec, profile)
         await self.actuator.resize(function, current, chosen, live)
         decision = self._decide(function, rows, current, profile, activity, telemetry, memory)
         if decision.desired > len(current):
@@ -88,8 +86,8 @@ class FunctionManager:
     def _decide(self, function: FunctionRow, rows: list[InstanceRow], current: list[InstanceRow],
                 profile: ProfileRow | None, activity: FunctionActivity, telemetry: dict,
                 memory: _FunctionMemory):  # noqa: ANN202
-        spec, now = function.spec, time.time()
-        scaling = spec["scaling"]
+        spec, now = function.typed_spec, time.time()
+        scaling = spec.scaling
         # Idle times come from the per-second request counts: every gap between two seconds with
         # requests is one (1 s resolution: consecutive busy seconds are a gap of one second).
         for second in sorted(s for s, count in activity.requests.items() if count and s > memory.last_second_seen
@@ -98,25 +96,25 @@ class FunctionManager:
             memory.last_second_seen = second
         lazy, lazy_reason = None, ""
         throughput = profile.throughput_per_s if profile is not None and profile.status == "done" else None
-        if throughput and function.status == "ready":
-            ctx = HorizontalContext(now, len(current), scaling["min_instances"], scaling["max_instances"],
+        if throughput and function.status == FunctionStatus.READY:
+            ctx = HorizontalContext(now, len(current), scaling.min_instances, scaling.max_instances,
                                     float(activity.requests.get(int(now) - 1, 0)), throughput,
                                     queued=activity.queued, at_vertical_limit=_at_limits(current, telemetry),
                                     params=self.horizontal_params)
             horizontal, memory.horizontal = decide_horizontal(ctx, memory.horizontal)
             lazy, lazy_reason = horizontal.desired, horizontal.reason
-        became_ready = function.updated_at.timestamp() if function.status == "ready" else None
+        became_ready = function.updated_at.timestamp() if function.status == FunctionStatus.READY else None
         last_active = max([t for t in (activity.last_request_at, became_ready) if t is not None], default=None)
         idle_s = math.inf if last_active is None else max(0.0, now - last_active)
-        keep = decide_keepalive(memory.keepalive, idle_s, fixed_keep_alive_s=scaling["keep_alive_s"],
+        keep = decide_keepalive(memory.keepalive, idle_s, fixed_keep_alive_s=scaling.keep_alive_s,
                                 cold_start_s=cold_start_estimate(rows, function.version,
                                                                  self.settings.cold_start_default_s),
                                 params=self.keepalive_params)
         return desired_instances(ReplicaContext(
-            status=function.status, min_instances=scaling["min_instances"],
-            max_instances=scaling["max_instances"], current=len(current),
+            status=function.status, min_instances=scaling.min_instances,
+            max_instances=scaling.max_instances, current=len(current),
             in_flight=activity.in_flight, queued=activity.queued,
-            concurrency_per_instance=2 * spec["batching"]["max_batch_size"], lazy_desired=lazy,
+            concurrency_per_instance=2 * spec.batching.max_batch_size, lazy_desired=lazy,
             lazy_reason=lazy_reason, keep=keep.verdict, keep_reason=keep.reason))
 
     def forget_except(self, names: set[str]) -> None:
@@ -138,6 +136,6 @@ def cold_start_estimate(rows: list[InstanceRow], version: int, default_s: float,
     """The function version's cold-start time: the median, over its newest serving instances that
     became ready, of creation to ready (placement, process start, imports, ``load()``)."""
     times = sorted(((r.created_at, (r.ready_at - r.created_at).total_seconds()) for r in rows
-                    if r.function_version == version and r.role == "serve" and r.ready_at is not None),
+                    if r.function_version == version and r.role == InstanceRole.SERVE and r.ready_at is not None),
                    reverse=True)[:newest]
     return statistics.median(t for _, t in times) if times else default_s

@@ -26,11 +26,10 @@ from dilu.controller.trials import (LiveTrialRunner, MissingSample, ProgressTria
                                     TrialFailed, run_search, sample_request)
 from dilu.db import repo
 from dilu.db.models import FunctionRow, InstanceRow, ProfileRow
-from dilu.messages import ACTIVE_STATES, FAILED, READY, WorkerInfo
+from dilu.messages import ACTIVE_STATES, FAILED, READY, FunctionStatus, InstanceRole, WorkerInfo
 from dilu.policy.profiler import Profile
 from dilu.slices import Slice
-from dilu.state.base import Channel
-from worker.client import WorkerUnavailable
+from dilu.worker_client import WorkerUnavailable
 
 log = logging.getLogger(__name__)
 READY_TIMEOUT_S = 600.0
@@ -45,8 +44,8 @@ class ProfilingJobs:
 
     def needed(self, function: FunctionRow, profile: ProfileRow | None) -> bool:
         """Whether this version still needs a profile (profiling on, slice not pinned, none yet)."""
-        resources = function.spec["resources"]
-        pinned = resources.get("sm_request") is not None and resources.get("sm_limit") is not None
+        resources = function.typed_spec.resources
+        pinned = resources.sm_request is not None and resources.sm_limit is not None
         return self.settings.profiling and not pinned and profile is None
 
     def start(self, function: FunctionRow, live: Sequence[WorkerInfo]) -> None:
@@ -62,7 +61,7 @@ class ProfilingJobs:
         if task is not None and not task.done():
             return
         for row in rows:
-            if row.role == "profile" and row.state in ACTIVE_STATES:
+            if row.role == InstanceRole.PROFILE and row.state in ACTIVE_STATES:
                 await self.actuator.stop(row, "profiling restarts", now=True)
         await self.ctx.event(function.name, "profile", "profiling restarts (no job was running it)")
         self.start(function, live)
@@ -75,7 +74,7 @@ class ProfilingJobs:
     # ---- one job ----
     async def _profile(self, function: FunctionRow, live: list[WorkerInfo]) -> None:
         name, version = function.name, function.version
-        training = function.spec.get("class") == "batch"
+        training = function.typed_spec.function_class == "batch"
         try:
             sample = None if training else sample_request(function.source_dir)
         except MissingSample as exc:
@@ -83,11 +82,10 @@ class ProfilingJobs:
             return
         await self.ctx.db(repo.save_profile, function=name, version=version, status="running",
                           kind="training" if training else "inference", trials=0)
-        await self.ctx.db(repo.set_function_status, name=name, version=version, status="profiling")
-        await self.ctx.store.publish(Channel.FUNCTIONS, {"function": name})
-        max_batch = function.spec["batching"]["max_batch_size"]
+        await self.ctx.set_status(name, version, FunctionStatus.PROFILING)
+        max_batch = function.typed_spec.batching.max_batch_size
         row = await self.actuator.start(function, Slice(1.0, 1.0, max_batch), live, "profiling the new version",
-                                        role="profile", wait_ms=2.0)
+                                        role=InstanceRole.PROFILE, wait_ms=2.0)
         if row is None:
             await self._cannot_profile(function, "no worker could run the profiling instance")
             return
@@ -123,10 +121,9 @@ class ProfilingJobs:
         common = {"loop": loop, "client": client, "instance_id": row.id, "endpoint": row.endpoint,
                   "trial_s": self.settings.profile_trial_s, "on_trial": progress}
         runner = ProgressTrialRunner(**common) if sample is None else LiveTrialRunner(sample=sample, **common)
-        batching = function.spec["batching"]
-        return await run_search(runner, cls=function.spec.get("class", "latency"),
-                                slo_s=function.spec["slo"]["p99_ms"] / 1000, max_batch=batching["max_batch_size"],
-                                batch=batching["max_batch_size"])
+        spec = function.typed_spec
+        return await run_search(runner, cls=spec.function_class, slo_s=spec.slo.p99_ms / 1000,
+                                max_batch=spec.batching.max_batch_size, batch=spec.batching.max_batch_size)
 
     async def _done(self, function: FunctionRow, found: Profile) -> None:
         name, version = function.name, function.version
@@ -135,8 +132,7 @@ class ProfilingJobs:
                           throughput_per_s=found.throughput_per_s, latency_s=found.latency_s,
                           meets_slo=found.meets_slo, trials=found.trials)
         await self.ctx.event(name, "profiled", describe_profile(found))
-        await self.ctx.db(repo.set_function_status, name=name, version=version, status="deploying")
-        await self.ctx.store.publish(Channel.FUNCTIONS, {"function": name})
+        await self.ctx.set_status(name, version, FunctionStatus.DEPLOYING)
 
     async def _wait_ready(self, row: InstanceRow, live: list[WorkerInfo]) -> str | None:
         """None once the profiling instance is ready; its error if it ended first."""
@@ -158,17 +154,15 @@ class ProfilingJobs:
     async def _deployment_failed(self, function: FunctionRow, error: str, instance_id: str | None = None) -> None:
         name, version = function.name, function.version
         await self.ctx.db(repo.save_profile, function=name, version=version, status="failed", error=error)
-        await self.ctx.db(repo.set_function_status, name=name, version=version, status="failed", error=error)
         await self.ctx.event(name, "failed", error, instance_id)
-        await self.ctx.store.publish(Channel.FUNCTIONS, {"function": name})
+        await self.ctx.set_status(name, version, FunctionStatus.FAILED, error)
 
     async def _cannot_profile(self, function: FunctionRow, error: str) -> None:
         """The platform could not profile: deploy with the default slice rather than not at all."""
         name, version = function.name, function.version
         await self.ctx.db(repo.save_profile, function=name, version=version, status="failed", error=error)
         await self.ctx.event(name, "profile-failed", f"{error}; deploying with the default slice")
-        await self.ctx.db(repo.set_function_status, name=name, version=version, status="deploying")
-        await self.ctx.store.publish(Channel.FUNCTIONS, {"function": name})
+        await self.ctx.set_status(name, version, FunctionStatus.DEPLOYING)
 
 
 def describe_profile(found: Profile) -> str:

@@ -23,11 +23,12 @@ from dilu.controller.functions import FunctionManager
 from dilu.controller.observe import UNKNOWN_GRACE_S, RowView, fold
 from dilu.db import repo
 from dilu.db.models import FunctionRow, InstanceRow, ProfileRow, utcnow
-from dilu.messages import ACTIVE_STATES, FAILED, READY, STARTING, STOPPING, Endpoint, FunctionActivity, InstanceStatus
+from dilu.messages import ACTIVE_STATES, FAILED, READY, STARTING, STOPPING, Endpoint, FunctionActivity, FunctionStatus
+from dilu.messages import InstanceRole, InstanceStatus
 from dilu.messages import WorkerInfo
 from dilu.policy.scheduler import Scheduler
 from dilu.state.base import Channel, StateStore
-from worker.client import WorkerDirectory, WorkerUnavailable
+from dilu.worker_client import WorkerDirectory, WorkerUnavailable
 
 log = logging.getLogger(__name__)
 MAX_START_FAILURES = 3
@@ -158,7 +159,7 @@ class Reconciler:
             if not updates:
                 continue
             await self.ctx.db(repo.update_instance, instance_id=row.id, **updates)
-            if row.role != "serve":
+            if row.role != InstanceRole.SERVE:
                 continue  # the profiling job watches its own instance
             if updates["state"] == FAILED:
                 was_ready = bool(status and status.was_ready) or row.state == READY
@@ -178,11 +179,9 @@ class Reconciler:
             return
         # A deployment that cannot load fails at once; a running function that can no longer
         # start instances fails after a few tries instead of restarting forever.
-        if function.status == "deploying" or self._start_failures[key] >= MAX_START_FAILURES:
-            await self.ctx.db(repo.set_function_status, name=row.function, version=row.function_version,
-                              status="failed", error=error)
+        if function.status == FunctionStatus.DEPLOYING or self._start_failures[key] >= MAX_START_FAILURES:
             await self.ctx.event(row.function, "failed", error, row.id)
-            await self._store.publish(Channel.FUNCTIONS, {"function": row.function})
+            await self.ctx.set_status(row.function, row.function_version, FunctionStatus.FAILED, error)
         else:
             await self.ctx.event(row.function, "start-failed", error, row.id)
 
@@ -202,7 +201,7 @@ class Reconciler:
     async def _publish_routes(self, snapshot: _Snapshot) -> None:
         routes: dict[str, list[Endpoint]] = {}
         for row in snapshot.instances:
-            if row.state == READY and row.endpoint and row.role == "serve":
+            if row.state == READY and row.endpoint and row.role == InstanceRole.SERVE:
                 routes.setdefault(row.function, []).append(Endpoint(row.id, row.endpoint))
         for name in set(routes) | set(self._routes):
             endpoints = sorted(routes.get(name, []), key=lambda e: e.instance_id)

@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 
 from dilu.policy.profiler import Profile, TrialResult, hybrid_growth_search, training_search
-from worker.client import WorkerClient
+from dilu.worker_client import WorkerClient
 
 log = logging.getLogger(__name__)
 

@@ -9,6 +9,8 @@ from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, I
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
+from dilu.spec import FunctionSpec, spec_from_dict
+
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
@@ -42,14 +44,23 @@ class FunctionRow(Base):
 
     name: Mapped[str] = mapped_column(String(63), primary_key=True)
     version: Mapped[int] = mapped_column(Integer, default=1)
-    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)   # the canonical dict; ``typed_spec`` reads it
     source_dir: Mapped[str] = mapped_column(Text)
-    # deploying -> ready | failed
-    status: Mapped[str] = mapped_column(String(16), default="deploying")
+    status: Mapped[str] = mapped_column(String(16), default="deploying")  # a dilu.messages.FunctionStatus
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
     requests_total: Mapped[int] = mapped_column(BigInteger, default=0)
+
+    @property
+    def typed_spec(self) -> FunctionSpec:
+        """The stored spec as the typed ``FunctionSpec`` it was validated into at deploy time
+        (validated again once per spec object read, then cached on the row)."""
+        cached = self.__dict__.get("_typed_spec")
+        if cached is None or cached[0] is not self.spec:
+            cached = (self.spec, spec_from_dict(self.spec))
+            self.__dict__["_typed_spec"] = cached
+        return cached[1]
 
 
 class WorkerRow(Base):

@@ -9,7 +9,7 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from dilu.db.models import FunctionRow, InstanceRow, ProfileRow, ScalingEventRow, WorkerRow, utcnow
-from dilu.messages import ACTIVE_STATES, WorkerInfo
+from dilu.messages import ACTIVE_STATES, FunctionStatus, WorkerInfo
 
 
 def upsert_function(*, session: Session, spec: dict, source_dir: str) -> tuple[FunctionRow, bool]:
@@ -19,13 +19,13 @@ def upsert_function(*, session: Session, spec: dict, source_dir: str) -> tuple[F
     created = row is None
     if row is None:
         row = FunctionRow(name=spec["name"], version=1, spec=spec, source_dir=source_dir,
-                          status="deploying", created_at=now, updated_at=now, requests_total=0)
+                          status=FunctionStatus.DEPLOYING.value, created_at=now, updated_at=now, requests_total=0)
         session.add(row)
     else:
         row.version += 1
         row.spec = spec
         row.source_dir = source_dir
-        row.status = "deploying"
+        row.status = FunctionStatus.DEPLOYING.value
         row.error = None
         row.updated_at = now
     session.commit()

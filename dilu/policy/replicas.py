@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from dilu.messages import FunctionStatus
 from dilu.policy.keepalive import Verdict
 
 
@@ -35,11 +36,11 @@ class ReplicaDecision:
 
 
 def desired_instances(ctx: ReplicaContext) -> ReplicaDecision:
-    if ctx.status == "failed":
+    if ctx.status == FunctionStatus.FAILED:
         return ReplicaDecision(0, "function failed to start; redeploy to retry")
-    if ctx.status == "profiling":
+    if ctx.status == FunctionStatus.PROFILING:
         return ReplicaDecision(0, "profiling the new version")
-    if ctx.status == "deploying":
+    if ctx.status == FunctionStatus.DEPLOYING:
         return ReplicaDecision(_clamp(ctx, max(ctx.min_instances, 1, ctx.current)),
                                "verifying the new deployment starts")
     demand = ctx.in_flight + ctx.queued

@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 
 from dilu.db import repo
 from dilu.db.models import FunctionRow
-from dilu.messages import READY, STARTING
+from dilu.messages import READY, STARTING, InstanceRole
 from dilu.snapshot import check_resize
 from dilu.source import check_handler_source
 from dilu.spec import ClusterDefaults, SpecError, make_spec, spec_from_dict, spec_to_dict
@@ -24,7 +24,7 @@ router = APIRouter(prefix="/v1/functions", tags=["functions"])
 def to_public(row: FunctionRow, session: Session, base_url: str,
               routing: RoutingTable | None = None) -> FunctionPublic:
     instances = [i for i in repo.list_instances(session=session, function=row.name, active_only=True)
-                 if i.role == "serve"]
+                 if i.role == InstanceRole.SERVE]
     profile = repo.get_profile(session=session, function=row.name, version=row.version)
     return FunctionPublic(
         profile=None if profile is None else {

@@ -17,6 +17,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from dilu.instance_protocol import is_loading
+from dilu.messages import FunctionStatus
 from gateway.forward import InstanceFailed, InstanceTimeout, NotDelivered
 from gateway.metrics import LATENCY, REQUESTS
 from gateway.routing import NoInstance, QueueFull
@@ -124,7 +125,7 @@ async def _invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
             return _error(429, str(exc), headers={"retry-after": "1"})
         except NoInstance as exc:
             entry = services.functions.get(name)
-            return _error(503 if entry is None or entry.status == "failed" else 504, str(exc))
+            return _error(503 if entry is None or entry.status == FunctionStatus.FAILED else 504, str(exc))
         routing.acquire(name, endpoint.instance_id)
         try:
             reply = await services.forwarder.post(endpoint.url + "/infer", body, settings.request_timeout_s)

@@ -19,7 +19,7 @@ from tests.conftest import FIXTURE_FUNCTIONS
 from tests.waiting import async_eventually
 from worker.agent import WorkerAgent
 from worker.cgroups import CpuLimiter
-from worker.runtimes.process import ProcessBackend
+from worker.backends.process import ProcessBackend
 
 OK = str(FIXTURE_FUNCTIONS / "ok")
 

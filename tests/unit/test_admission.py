@@ -12,6 +12,7 @@ from dilu.policy.scheduler import ClusterSnapshot, PlacementRequest, create_sche
 from dilu.policy.scheduler.resize import Resize, admit_resize
 from dilu.slices import DEFAULT_SM_LIMIT, DEFAULT_SM_REQUEST, effective_slice
 from dilu.snapshot import build_snapshot
+from dilu.spec import spec_from_dict
 from tests.builders import make_spec_dict, make_worker
 from tests.unit.test_scheduler import make_gpu, make_request
 
@@ -33,7 +34,7 @@ class Profile:
 ])
 def test_effective_slice(label: str, resources: dict, batching: dict, profile, expect: tuple) -> None:  # noqa: ANN001
     spec = make_spec_dict(resources={"memory": "1Gi", **resources}, batching=batching)
-    chosen = effective_slice(spec, profile)
+    chosen = effective_slice(spec_from_dict(spec), profile)
     assert (chosen.sm_request, chosen.sm_limit, chosen.batch) == pytest.approx(expect), label
 
 
@@ -43,7 +44,7 @@ def test_effective_slice(label: str, resources: dict, batching: dict, profile, e
 ])
 def test_unprofiled_instances_count_at_their_default_slice(policy: str, fit: int, why: str) -> None:
     scheduler = create_scheduler(policy)
-    chosen = effective_slice(make_spec_dict(resources={"memory": "1Gi", "gpu": True}), None)
+    chosen = effective_slice(spec_from_dict(make_spec_dict(resources={"memory": "1Gi", "gpu": True})), None)
     request = PlacementRequest("f", GiB, chosen.sm_request, chosen.sm_limit, "latency", True)
     snapshot = ClusterSnapshot.of([make_gpu("g0")])
     placed = 0

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from dilu import InputError
-from worker.runtime.batcher import Batcher, BatchError
+from worker.instance.batcher import Batcher, BatchError
 
 
 class GatedModel:

@@ -8,7 +8,7 @@ import pytest
 
 from dilu.messages import DeviceInfo
 from tests.builders import make_start
-from worker.runtimes.process import ProcessBackend
+from worker.backends.process import ProcessBackend
 
 GPU = DeviceInfo(kind="gpu", uuid="GPU-1234", name="H200", memory_bytes=2**37, index=3)
 CPU = DeviceInfo(kind="cpu", uuid=None, name="cpu", memory_bytes=2**34)

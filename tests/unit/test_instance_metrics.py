@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from worker.runtime.metrics import InstanceMetrics
+from worker.instance.metrics import InstanceMetrics
 
 
 def test_observations_before_and_after_the_build_are_all_counted() -> None:

@@ -82,3 +82,13 @@ def test_shipped_examples_are_valid(example: Path) -> None:
     spec = make_spec(example.read_text())
     assert spec.name == example.parent.name
     assert isinstance(SpecModel.model_validate(yaml.safe_load(example.read_text())), SpecModel)
+
+
+def test_a_stored_spec_reads_back_typed_and_follows_in_place_changes() -> None:
+    from dilu.db.models import FunctionRow
+    from tests.builders import make_spec_dict
+
+    row = FunctionRow(name="fn", version=1, spec=make_spec_dict(batching={"max_batch_size": 4}), source_dir="/x")
+    assert row.typed_spec.batching.max_batch_size == 4 and row.typed_spec.function_class == "latency"
+    row.spec = {**row.spec, "resources": {**row.spec["resources"], "sm_request": 0.2, "sm_limit": 0.4}}
+    assert (row.typed_spec.resources.sm_request, row.typed_spec.resources.sm_limit) == (0.2, 0.4)

@@ -1,15 +1,15 @@
-"""Entry point of an instance process: ``python -m worker.runtime`` (see ``dilu.instance_protocol``)."""
+"""Entry point of an instance process: ``python -m worker.instance`` (see ``dilu.instance_protocol``)."""
 
 import sys
 
 from dilu.instance_protocol import InstanceConfig, InstanceEnvironment
-from worker.runtime.server import serve
+from worker.instance.server import serve
 
 
 def main() -> None:
     environment = InstanceEnvironment.from_environ()
     if not environment.config_path or environment.listen_fd is None:
-        sys.exit("worker.runtime: DILU_INSTANCE_CONFIG and DILU_LISTEN_FD must be set by the worker")
+        sys.exit("worker.instance: DILU_INSTANCE_CONFIG and DILU_LISTEN_FD must be set by the worker")
     serve(InstanceConfig.from_file(environment.config_path), environment.listen_fd)
 
 

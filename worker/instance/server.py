@@ -31,9 +31,9 @@ from starlette.routing import Route
 
 from dilu.handler import progress_units
 from dilu.instance_protocol import ERROR_MARKER, EXIT_LOAD_FAILED, LOADING_HEADER, InstanceConfig
-from worker.runtime.batcher import Batcher, BatchError
-from worker.runtime.loader import HandlerError, build_handler
-from worker.runtime.metrics import InstanceMetrics
+from worker.instance.batcher import Batcher, BatchError
+from worker.instance.loader import HandlerError, build_handler
+from worker.instance.metrics import InstanceMetrics
 
 class RuntimeState:
     def __init__(self, config: InstanceConfig) -> None:

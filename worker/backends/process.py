@@ -21,7 +21,7 @@ from dilu import instance_protocol as protocol
 from dilu.instance_protocol import InstanceConfig
 from dilu.messages import DeviceInfo, StartInstance
 from worker.cgroups import CpuLimiter, join_group
-from worker.runtimes.base import RunningInstance
+from worker.backends.base import RunningInstance
 
 _PR_SET_PDEATHSIG = 1
 
@@ -97,7 +97,7 @@ class ProcessBackend:
         try:
             with open(log_path, "ab") as log:
                 process = subprocess.Popen(
-                    [self._python, "-m", "worker.runtime"],
+                    [self._python, "-m", "worker.instance"],
                     env=self.instance_env(request, device, config_path, listener.fileno(), extra_env),
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     pass_fds=(listener.fileno(),), start_new_session=True,

@@ -1,1 +1,0 @@
-"""The HTTP runtime server that runs inside every instance."""
