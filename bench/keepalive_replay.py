@@ -49,6 +49,7 @@ class Tally:
     cold: list[int] = field(default_factory=list)      # per burst: requests that met a cold start
     instance_s: float = 0.0
     starts: int = 0                                     # instances started (cold starts and pre-warms)
+    errors: dict[str, int] = field(default_factory=dict)  # failure reason -> count
 
     def record(self, burst: int, reply: httpx.Response | BaseException) -> None:
         self.sent += 1
@@ -56,6 +57,8 @@ class Tally:
             self.cold.append(0)
         if isinstance(reply, BaseException) or reply.status_code != 200:
             self.failed += 1
+            reason = repr(reply)[:120] if isinstance(reply, BaseException) else f"{reply.status_code} {reply.text[:100]}"
+            self.errors[reason] = self.errors.get(reason, 0) + 1
         elif "x-dilu-queued-ms" in reply.headers:
             self.cold[burst] += 1
 
@@ -145,6 +148,9 @@ def report(title: str, tallies: dict[str, Tally]) -> None:
         per_burst = " ".join(str(c) for c in tally.cold)
         print(f"{name:<10} {tally.sent:>8} {tally.failed:>6} {per_burst[:44]:<44} "
               f"{sum(1 for c in tally.cold[1:] if c > 1):>12} {tally.starts:>6} {tally.instance_s:>10.1f}")
+    for name, tally in tallies.items():
+        for reason, count in sorted(tally.errors.items(), key=lambda item: -item[1])[:3]:
+            print(f"  {name}: {count} x {reason}")
     learned = tallies["histogram"].cold[2:]
     print(f"histogram, after two bursts: most requests meeting a cold start in one burst = "
           f"{max(learned, default=0)}; bursts with any = {sum(1 for c in learned if c)} of {len(learned)}")

@@ -197,6 +197,11 @@ def deploy(
     if profile.get("status") == "done":
         out.print(f"profiled: compute request {profile['sm_request']:g}, limit {profile['sm_limit']:g}, "
                   f"batch {profile['batch']} ({profile['trials']} trials)", highlight=False)
+        if not profile.get("meets_slo", True):
+            err.print(f"[yellow]warning[/yellow]: no share meets the SLO; {name} runs on the whole device", highlight=False)
+    elif profile.get("status") == "failed":
+        err.print(f"[yellow]warning[/yellow]: profiling did not run ({profile.get('error')}); "
+                  "deployed with the default slice", highlight=False)
     out.print(f"[green]ready[/green]: {name}  ->  POST {function['invoke_url']}", highlight=False)
 
 

@@ -113,6 +113,7 @@ class FunctionManager:
         return desired_instances(ReplicaContext(
             status=function.status, min_instances=scaling.min_instances,
             max_instances=scaling.max_instances, current=len(current),
+            starting=sum(1 for r in current if r.state != READY),
             in_flight=activity.in_flight, queued=activity.queued,
             concurrency_per_instance=2 * spec.batching.max_batch_size, lazy_desired=lazy,
             lazy_reason=lazy_reason, keep=keep.verdict, keep_reason=keep.reason))

@@ -21,7 +21,7 @@ resized per trial; ``TableRunner`` answers from a measured profile table) and ar
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -99,6 +99,17 @@ def _smallest_share_reaching(run: _Recorder, batch: int, shares: list[int], frac
     return shares[lo]
 
 
+def _bisect(passes: Callable[[int], bool], failing: int, passing: int) -> int:
+    """The first index in (``failing``, ``passing``] that passes, assuming passing is monotone."""
+    while passing - failing > 1:
+        middle = (failing + passing) // 2
+        if passes(middle):
+            passing = middle
+        else:
+            failing = middle
+    return passing
+
+
 def _knee(run: _Recorder, batch: int, low: int, step: int = 10) -> int:
     """Smallest SM >= ``low`` (in ``step`` % steps) whose throughput reaches KNEE of the 100 % one.
 
@@ -128,14 +139,7 @@ def _knee(run: _Recorder, batch: int, low: int, step: int = 10) -> int:
         if reaches(i):
             break
         below, jump = i, jump * 2
-    above = i
-    while above - below > 1:
-        middle = (below + above) // 2
-        if reaches(middle):
-            above = middle
-        else:
-            below = middle
-    return candidates[above]
+    return candidates[_bisect(reaches, below, i)]
 
 
 class _Frontier(Enum):
@@ -185,14 +189,7 @@ def _frontier(run: _Recorder, batch: int, shares: list[int], floor: int, slo_s: 
         if result is not None:
             previous = (shares[low], result)
         low = guess
-    high = guess
-    while high - low > 1:
-        middle = (low + high) // 2
-        if meets(middle):
-            high = middle
-        else:
-            low = middle
-    return high
+    return _bisect(meets, low, guess)
 
 
 def _saturated(before: tuple[int, TrialResult], after: tuple[int, TrialResult]) -> bool:

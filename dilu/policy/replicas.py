@@ -20,6 +20,7 @@ class ReplicaContext:
     min_instances: int
     max_instances: int
     current: int                     # starting + ready instances of the current version
+    starting: int = 0                # of ``current``, instances not ready yet
     in_flight: int = 0               # requests being served
     queued: int = 0                  # requests waiting for an instance
     concurrency_per_instance: int = 2
@@ -51,6 +52,9 @@ def desired_instances(ctx: ReplicaContext) -> ReplicaDecision:
             desired = _clamp(ctx, max(ctx.lazy_desired, 1))
             return ReplicaDecision(desired, (ctx.lazy_reason or "horizontal scaler") if desired != ctx.current
                                    else "serving")
+        if ctx.starting > 0 and ctx.in_flight == 0:
+            # Requests queued behind a cold start wait for it; they are no measure of load yet.
+            return ReplicaDecision(_clamp(ctx, max(ctx.current, ctx.min_instances)), "waiting for a starting instance")
         needed = math.ceil(demand / max(1, ctx.concurrency_per_instance))
         desired = _clamp(ctx, max(needed, ctx.current, ctx.min_instances, 1))
         if desired > ctx.current:

@@ -26,6 +26,8 @@ def expect(ctx: ReplicaContext, desired: int, reason_has: str) -> None:
     ("queued request scales from zero", replace(BASE, current=0, queued=1), 1, "scale from zero"),
     ("demand beyond capacity adds instances", replace(BASE, current=1, in_flight=5), 3, "need 3"),
     ("demand capped at max", replace(BASE, current=1, in_flight=100), 4, "need 50"),
+    ("requests queued behind a cold start wait for it", replace(BASE, current=1, starting=1, queued=9), 1,
+     "waiting for a starting instance"),
     ("busy never scales in", replace(BASE, current=3, in_flight=1), 3, "serving"),
     ("idle within keep-alive keeps instances", replace(BASE, current=2), 2, "within keep-alive"),
     ("idle past keep-alive goes to zero", replace(BASE, current=2, **UNLOAD), 0, "keep-alive 60s"),
