@@ -1,7 +1,8 @@
 """Keep-alive replay through the real platform: the idle-time histogram against a fixed window.
 
 Starts two `dilu up` platforms side by side (child processes, embedded default) with the same
-no-op function scaled to zero: one with the histogram policy (the default), one whose histogram
+no-op function scaled to zero (at most one instance: this measures keep-alive, not horizontal
+scaling): one with the histogram policy (the default), one whose histogram
 is never trusted, so the spec's fixed `keep_alive_s` always applies. The same arrivals are sent
 to both at once:
 
@@ -14,7 +15,7 @@ instance-seconds held (instances starting or ready,
 sampled every 0.2 s), and the ratio of instance-seconds histogram / fixed.
 
     python bench/keepalive_replay.py [--bursts 8 --burst-s 15 --rate 3 --pause-s 40]
-                                     [--trace sporadic --compress 4 --trace-s 240] [--skip-trace]
+                                     [--trace sporadic --compress 2 --trace-s 300] [--skip-trace]
 
 Targets: once learned, at most one cold start per burst; fewer instance-seconds than fixed.
 """
@@ -38,8 +39,9 @@ sys.path.insert(0, str(ROOT))
 
 from tests.platform import Platform  # noqa: E402  (reuses the harness that runs `dilu up`)
 
+VERBOSE = False
 SPEC = ("name: noop\nhandler: handler:Echo\nresources:\n  memory: 128Mi\n  gpu: false\n  sm_request: 0.5\n"
-        "  sm_limit: 1.0\nscaling:\n  min_instances: 0\n  max_instances: 2\n  keep_alive_s: {keep}\n")
+        "  sm_limit: 1.0\nscaling:\n  min_instances: 0\n  max_instances: 1\n  keep_alive_s: {keep}\n")
 
 
 @dataclass
@@ -50,6 +52,7 @@ class Tally:
     instance_s: float = 0.0
     starts: int = 0                                     # instances started (cold starts and pre-warms)
     errors: dict[str, int] = field(default_factory=dict)  # failure reason -> count
+    decisions: dict[str, int] = field(default_factory=dict)  # scaling decision (reason) -> count
 
     def record(self, burst: int, reply: httpx.Response | BaseException) -> None:
         self.sent += 1
@@ -135,6 +138,10 @@ async def replay(platforms: dict[str, Platform], arrivals: list[tuple[float, int
     for name, client in clients.items():
         events = (await client.get("/v1/functions/noop/events", params={"limit": 10000})).json()
         tallies[name].starts = sum(1 for e in events if e["action"] == "scale-up")
+        for e in events:
+            if e["action"] in ("scale-up", "scale-down"):
+                key = f'{e["action"]}: {e["reason"].split(";")[0][:50]}'
+                tallies[name].decisions[key] = tallies[name].decisions.get(key, 0) + 1
     for client in clients.values():
         await client.aclose()
     return tallies
@@ -151,6 +158,10 @@ def report(title: str, tallies: dict[str, Tally]) -> None:
     for name, tally in tallies.items():
         for reason, count in sorted(tally.errors.items(), key=lambda item: -item[1])[:3]:
             print(f"  {name}: {count} x {reason}")
+    if VERBOSE:
+        for name, tally in tallies.items():
+            for reason, count in sorted(tally.decisions.items(), key=lambda item: -item[1]):
+                print(f"  {name}: {count} x {reason}")
     learned = tallies["histogram"].cold[2:]
     print(f"histogram, after two bursts: most requests meeting a cold start in one burst = "
           f"{max(learned, default=0)}; bursts with any = {sum(1 for c in learned if c)} of {len(learned)}")
@@ -166,10 +177,13 @@ def main() -> None:
     parser.add_argument("--pause-s", type=float, default=40.0)
     parser.add_argument("--keep-alive-s", type=float, default=60.0, help="the fixed window (spec keep_alive_s)")
     parser.add_argument("--trace", default="sporadic", choices=["bursty", "periodic", "sporadic"])
-    parser.add_argument("--compress", type=float, default=4.0)
-    parser.add_argument("--trace-s", type=float, default=240.0)
+    parser.add_argument("--compress", type=float, default=2.0)
+    parser.add_argument("--trace-s", type=float, default=300.0)
     parser.add_argument("--skip-trace", action="store_true")
+    parser.add_argument("--verbose", action="store_true", help="also list the scaling decisions and their reasons")
     args = parser.parse_args()
+    global VERBOSE
+    VERBOSE = args.verbose
     workdir = Path(tempfile.mkdtemp(prefix="dilu-keepalive-"))
 
     def start(run: str) -> dict[str, Platform]:

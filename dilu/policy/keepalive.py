@@ -9,8 +9,9 @@ of those, the next request is unlikely before ``head``:
 - ``t`` under ``burst_s``: the function is inside a burst; keep (never unload between the
   requests of a burst).
 - ``head - t`` shorter than a cold start (the function version's measured cold-start time plus
-  a margin): the next request is due sooner than an instance could be loaded; keep it warm,
-  and pre-warm one if none runs.
+  a margin) plus ``min_unload_s``: the next request is due too soon for unloading to pay (an
+  instance unloaded for a few seconds saves little and costs a start); keep it warm, and
+  pre-warm one if none runs.
 - otherwise: unload now; the instance is pre-warmed once ``t`` reaches ``head`` less the
   cold start, so it is ready when the next request is due.
 - ``t`` beyond every idle time seen: the histogram knows nothing of what comes next, so the
@@ -35,6 +36,7 @@ class KeepAliveParams:
     margin: float = 0.15          # widens the cold-start lead
     burst_s: float = 2.0          # idle less than this is inside a burst
     lead_s: float = 1.0           # pre-warm this much earlier than the cold start alone needs
+    min_unload_s: float = 10.0    # unload only when the instance would stay unloaded this long
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,9 @@ def decide(state: KeepAliveState, idle_s: float, *, fixed_keep_alive_s: float, c
     if head - idle_s <= lead:
         return KeepAliveDecision(Verdict.WARM, "histogram", f"next request due in {max(0.0, head - idle_s):.1f}s, "
                                                             f"within a {cold_start_s:.1f}s cold start")
+    if head - idle_s <= lead + params.min_unload_s:
+        return KeepAliveDecision(Verdict.HOLD, "histogram", f"next request due in {head - idle_s:.1f}s: "
+                                                            "too soon to unload")
     return KeepAliveDecision(Verdict.UNLOAD, "histogram", f"next request not due for {head - idle_s:.1f}s; "
                                                           f"pre-warm at {head - lead:.1f}s idle")
 
