@@ -199,6 +199,7 @@ def main() -> None:
 
     runs = [("bursts", f"bursts: {args.bursts} x {args.burst_s:g} s at {args.rate:g} req/s, "
                        f"{args.pause_s:g} s pauses", burst_arrivals(args.bursts, args.burst_s, args.rate, args.pause_s))]
+    runs = runs if args.bursts > 0 else []
     if not args.skip_trace:
         runs.append(("trace", f"trace: {args.trace}.txt compressed {args.compress:g}x, first {args.trace_s:g} s",
                      trace_arrivals(args.trace, args.compress, args.trace_s)))
