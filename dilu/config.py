@@ -84,6 +84,8 @@ class ControllerSettings(CommonSettings):
     horizontal_out_samples: int = Field(20, ge=1)
     horizontal_in_samples: int = Field(30, ge=1)
     keepalive_min_samples: int = Field(10, ge=1, description="Idle times before the histogram is trusted")
+    keepalive_min_unload_s: float = Field(10.0, ge=0, description="Unload only if the instance would stay "
+                                                                   "unloaded this long (shorter is not worth a start)")
 
 
 class WorkerSettings(CommonSettings):

@@ -45,7 +45,8 @@ class FunctionManager:
         self.settings = settings
         self.horizontal_params = HorizontalParams(settings.horizontal_interval_s, settings.horizontal_window,
                                                   settings.horizontal_out_samples, settings.horizontal_in_samples)
-        self.keepalive_params = KeepAliveParams(min_samples=settings.keepalive_min_samples)
+        self.keepalive_params = KeepAliveParams(min_samples=settings.keepalive_min_samples,
+                                                min_unload_s=settings.keepalive_min_unload_s)
         self._memory: dict[str, _FunctionMemory] = {}
         self.profiling = ProfilingJobs(ctx, actuator, settings)
 

@@ -102,7 +102,7 @@ def test_bursty_load_scales_out_lazily_and_back_in(start_platform, tmp_path: Pat
 
 def test_an_idle_function_goes_to_zero_and_is_prewarmed_before_its_next_request(start_platform,
                                                                                 tmp_path: Path) -> None:
-    platform = start_platform(env={"DILU_KEEPALIVE_MIN_SAMPLES": "3"})
+    platform = start_platform(env={"DILU_KEEPALIVE_MIN_SAMPLES": "3", "DILU_KEEPALIVE_MIN_UNLOAD_S": "2"})
     source = shutil.copytree(FIXTURE_FUNCTIONS / "ok", tmp_path / "regular")
     (source / "model.yaml").write_text(
         "name: regular\nhandler: handler:Echo\nresources:\n  memory: 64Mi\n  gpu: false\n"
