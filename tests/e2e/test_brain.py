@@ -166,6 +166,7 @@ def test_profiling_without_a_sample_input_fails_the_deployment_saying_what_to_ad
                                                                                   tmp_path: Path) -> None:
     platform = start_platform(env={"DILU_PROFILING": "true"})
     source = shutil.copytree(FIXTURE_FUNCTIONS / "ok", tmp_path / "nosample")
+    (source / "request.json").unlink()
     (source / "model.yaml").write_text("name: nosample\nhandler: handler:Echo\nresources:\n  memory: 64Mi\n")
     result = platform.cli("deploy", str(source / "model.yaml"))
     assert result.returncode == 1 and "Traceback" not in result.stderr
