@@ -78,7 +78,11 @@ def test_bursty_load_scales_out_lazily_and_back_in(start_platform, tmp_path: Pat
         "DILU_HORIZONTAL_WINDOW": "10", "DILU_HORIZONTAL_OUT_SAMPLES": "5", "DILU_HORIZONTAL_IN_SAMPLES": "6"})
     spec = burn_function(tmp_path, "bursty", "scaling:\n  min_instances: 1\n  max_instances: 4\n  keep_alive_s: 600\n")
     assert platform.cli("deploy", str(spec), timeout=300).returncode == 0
-    capacity = platform.function("bursty")["profile"]["throughput_per_s"]
+    profile = platform.function("bursty")["profile"]
+    capacity = profile["throughput_per_s"]
+    assert 1 <= profile["batch"] <= 8, "the search stays within the spec's max_batch_size"
+    profiled = [e["reason"] for e in platform.http.get("/v1/functions/bursty/events").json() if e["action"] == "profiled"]
+    assert profiled and "formed on average" in profiled[0] and "p99" in profiled[0], profiled
     trace = [float(line) for line in TRACE.read_text().split()]
     start = max(range(len(trace) - 40), key=lambda i: sum(trace[i:i + 20]) - sum(trace[i + 20:i + 40]))
     segment = trace[start:start + 40]  # a 20 s burst, then 20 s of calm
