@@ -36,7 +36,8 @@ def create_backend(settings: WorkerSettings) -> RuntimeBackend:
 
         from worker.cgroups import CpuLimiter
 
-        return ProcessBackend(state_dir=settings.home, python=settings.python, host="127.0.0.1", cpu=CpuLimiter())
+        return ProcessBackend(state_dir=settings.home, python=settings.python, host="127.0.0.1", cpu=CpuLimiter(),
+                              spares=settings.spare_processes)
     raise ValueError(f"unknown runtime {settings.runtime!r}; known: process")
 
 

@@ -250,5 +250,6 @@ class WorkerAgent:
         await asyncio.gather(*(self.stop_instance(iid) for iid in list(self._instances)),
                              return_exceptions=True)
         await self._http.aclose()
+        self._backend.close()
         if self._gpu is not None:
             self._gpu.stop()

@@ -96,6 +96,15 @@ class CpuLimiter:
             pass  # still has processes (a stop in progress) or already gone
 
 
+def join_group_of(procs_file: str, pid: int) -> None:
+    """Moves a running process (and its threads) into an instance's group."""
+    try:
+        with open(procs_file, "w") as handle:
+            handle.write(str(pid))
+    except OSError as exc:
+        log.warning("cannot move process %d into %s: %s", pid, procs_file, exc)
+
+
 def join_group(procs_file: str | None) -> None:
     """Runs in the child before exec: moves it into its instance's group."""
     if procs_file:

@@ -141,3 +141,36 @@ async def test_an_instance_loads_unthrottled_and_its_slice_applies_once_ready(ag
     release.write_text("go")
     await until_state(agent, "i-slow", "ready")
     assert limiter.share("i-slow") == pytest.approx(0.2, rel=0.02)
+
+
+async def test_a_cpu_instance_starts_in_a_spare_process_with_its_own_env_dir_and_slice(tmp_path: Path) -> None:
+    """A spare (interpreter up, instance server imported) takes the instance: it serves with the
+    spec's environment and options, from the function's folder, in its cgroup; a new spare is
+    started behind it, and closing the backend ends the spares."""
+    limiter = CpuLimiter()
+    backend = ProcessBackend(state_dir=tmp_path, cpu=limiter, spares=1)
+    info = WorkerInfo(id="w-spare", host="test", url=None,
+                      device=DeviceInfo(kind="cpu", uuid=None, name="cpu", memory_bytes=2**33))
+    agent = WorkerAgent(info=info, backend=backend, store=MemoryStore(), logs_dir=tmp_path / "logs",
+                        health_poll_s=0.05, stop_grace_s=5)
+    try:
+        spare_pid = backend._spares[0].process.pid
+        status = await agent.start_instance(make_start("i-spare", OK, env={"GREETING": "from a spare"},
+                                                       model={"flavour": "warm"}))
+        assert status.pid == spare_pid, "the instance ran in the spare process"
+        await until_state(agent, "i-spare", "ready")
+        async with httpx.AsyncClient(base_url=status.endpoint, timeout=30) as client:
+            body = (await client.post("/infer", json={"n": 1})).json()
+            marks = (await client.get("/health")).json()["startup"]
+        assert body["greeting"] == "from a spare" and body["options"] == {"flavour": "warm"}
+        assert body["pid"] == spare_pid
+        assert marks["runtime_imported"] == marks["process_start"], "no interpreter start on the critical path"
+        assert os.readlink(f"/proc/{spare_pid}/cwd") == OK
+        if limiter.available:
+            assert "/i-spare" in Path(f"/proc/{spare_pid}/cgroup").read_text()
+        assert "ready" in (tmp_path / "logs" / "i-spare.log").read_text(), "its log is the instance's log"
+        assert len(backend._spares) == 1 and backend._spares[0].process.pid != spare_pid, "a new spare waits"
+        next_spare = backend._spares[0].process
+    finally:
+        await agent.shutdown()
+    assert next_spare.poll() is not None, "closing the backend ends its spares"

@@ -41,3 +41,6 @@ class RuntimeBackend(Protocol):
 
     def release(self, instance_id: str) -> None:
         """Frees what the backend kept for an ended instance; idempotent."""
+
+    def close(self) -> None:
+        """Frees what the backend holds for future instances (spare processes); idempotent."""

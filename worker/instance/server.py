@@ -3,7 +3,7 @@
 Routes: ``POST /infer`` (JSON in, the handler's JSON result out, with ``x-dilu-batch-size`` and
 ``x-dilu-latency-ms`` headers), ``GET /health`` (200 only after ``load()`` succeeded, 503 while
 loading; its body has ``startup``: the wall-clock time each start-up stage ended -
-``process_start``, ``runtime_imported``, ``handler_imported``, ``loaded``, ``ready``),
+``process_start``, ``runtime_imported``, ``serving``, ``handler_imported``, ``loaded``, ``ready``),
 ``GET /metrics`` (Prometheus: latency and batch-size histograms), ``GET /progress`` (the work
 units a batch-class handler reported with ``dilu.report_progress``, and when).
 If import or ``load()`` fails, the error is printed as a final ``DILU-ERROR:`` line on stderr
@@ -115,6 +115,7 @@ def _fail(message: str) -> None:
 
 async def _load_then_serve_batches(state: RuntimeState) -> None:
     config = state.config
+    state.marks["serving"] = time.time()  # the HTTP server is up; what follows is the handler's
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dilu-predict")
     loop = asyncio.get_running_loop()
     try:
@@ -137,12 +138,29 @@ async def _load_then_serve_batches(state: RuntimeState) -> None:
     await state.batcher.run()
 
 
-def serve(config: InstanceConfig, fd: int) -> None:
-    """Serves on the already-bound listening socket ``fd`` until SIGTERM."""
+def _uvicorn_config(app):  # noqa: ANN001, ANN202
+    import uvicorn
+
+    # No websockets (instances speak plain HTTP): uvicorn would otherwise import a websocket
+    # implementation on every start.
+    return uvicorn.Config(app, log_level="warning", access_log=False, ws="none", timeout_graceful_shutdown=30)
+
+
+def preload() -> None:
+    """Imports what ``serve`` needs, uvicorn's lazily loaded protocol and lifespan modules
+    included, so a spare process has it all done before it is assigned."""
+    _uvicorn_config(Starlette()).load()
+
+
+def serve(config: InstanceConfig, fd: int, assigned_at: float | None = None) -> None:
+    """Serves on the already-bound listening socket ``fd`` until SIGTERM. ``assigned_at``: when
+    a spare process (started and imported ahead of time) was given this instance; its start-up
+    marks count from then."""
     import uvicorn
 
     state = RuntimeState(config)
-    state.marks.update(process_start=_process_start_time(), runtime_imported=time.time())
+    started = assigned_at if assigned_at is not None else _process_start_time()
+    state.marks.update(process_start=started, runtime_imported=assigned_at or time.time())
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette):  # noqa: ANN202
@@ -156,6 +174,5 @@ def serve(config: InstanceConfig, fd: int) -> None:
     # socket(fileno=...) detects the real family (uvicorn's fd= assumes AF_UNIX, which leaves
     # Nagle on for TCP and costs ~40 ms per response through delayed ACKs).
     listener = socket.socket(fileno=fd)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
-                                           timeout_graceful_shutdown=30))
+    server = uvicorn.Server(_uvicorn_config(app))
     server.run(sockets=[listener])
