@@ -38,8 +38,7 @@ def effective_slice(spec: FunctionSpec, profile: Any | None) -> Slice:
     if profile is not None and profile.status == "done":
         batch = min(profile.batch or max_batch, max_batch) if profile.kind == "inference" else max_batch
         return Slice(profile.sm_request, profile.sm_limit, batch)
-    limit = resources.sm_limit if resources.sm_limit is not None else DEFAULT_SM_LIMIT
-    return Slice(min(DEFAULT_SM_REQUEST, limit), limit, max_batch)
+    return Slice(*default_slice(None, resources.sm_limit), max_batch)
 
 
 def default_slice(sm_request: float | None, sm_limit: float | None) -> tuple[float, float]:

@@ -22,6 +22,7 @@ from worker.backends.base import RunningInstance, RuntimeBackend
 
 log = logging.getLogger(__name__)
 ENDED_RETENTION_S = 600.0
+PROGRESS_TIMEOUT_S = 0.5
 
 
 @dataclass
@@ -164,18 +165,20 @@ class WorkerAgent:
         return views
 
     async def _read_progress(self) -> None:
-        """Samples each ready batch-class instance's reported progress (once per heartbeat)."""
-        for record in list(self._instances.values()):
-            if record.state != READY or record.cls != "batch" or record.running is None:
-                continue
+        """Samples each ready batch-class instance's reported progress (once per heartbeat), all
+        at once and briefly, so a stuck instance cannot delay the worker's heartbeats."""
+        async def one(record: _Instance) -> None:
             try:
-                reply = (await self._http.get(record.running.endpoint + "/progress")).json()
+                reply = (await self._http.get(record.running.endpoint + "/progress", timeout=PROGRESS_TIMEOUT_S)).json()
                 sample = (float(reply["units"]), float(reply["at"]))
             except (httpx.HTTPError, ValueError, KeyError, TypeError):
-                continue
+                return
             if record.progress is not None and sample[1] > record.progress[1]:
                 record.progress_per_s = max(0.0, (sample[0] - record.progress[0]) / (sample[1] - record.progress[1]))
             record.progress = sample
+
+        await asyncio.gather(*(one(r) for r in list(self._instances.values())
+                               if r.state == READY and r.cls == "batch" and r.running is not None))
 
     async def read_logs(self, instance_id: str, tail: int = 200) -> str:
         return read_log_tail(self.log_path(instance_id), tail)

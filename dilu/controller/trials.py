@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import statistics
 import time
 from collections.abc import Callable
@@ -24,9 +23,6 @@ import httpx
 
 from dilu.policy.profiler import Profile, TrialResult, hybrid_growth_search, training_search
 from dilu.worker_client import WorkerClient
-
-log = logging.getLogger(__name__)
-
 
 MIN_REQUESTS = 100          # per trial: a p99 over fewer is little more than the maximum
 MAX_TRIAL_FACTOR = 10       # ... unless the trial has run this many times ``trial_s``
@@ -65,26 +61,40 @@ def sample_request(source_dir: str) -> bytes:
     return text.encode()
 
 
-class LiveTrialRunner:
-    """A TrialRunner whose trials run against a live instance (called from a worker thread)."""
+class _LiveRunner:
+    """What both live runners share: trials are called from the search's worker thread and run
+    on the event loop; each resizes the instance first and reports the trial count."""
 
     def __init__(self, *, loop: asyncio.AbstractEventLoop, client: WorkerClient, instance_id: str, endpoint: str,
-                 sample: bytes, trial_s: float, on_trial: Callable[[int], None] | None = None) -> None:
+                 trial_s: float, on_trial: Callable[[int], None] | None = None) -> None:
         self.loop, self.client, self.instance_id, self.endpoint = loop, client, instance_id, endpoint
-        self.sample, self.trial_s, self.on_trial = sample, trial_s, on_trial
+        self.trial_s, self.on_trial = trial_s, on_trial
         self.count = 0
 
     def trial(self, batch: int, sm_pct: int) -> TrialResult | None:
-        result = asyncio.run_coroutine_threadsafe(self._trial(batch, sm_pct), self.loop).result()
+        result = asyncio.run_coroutine_threadsafe(self._resized_trial(batch, sm_pct), self.loop).result()
         self.count += 1
         if self.on_trial is not None:
             self.on_trial(self.count)
         return result
 
-    async def _trial(self, batch: int, sm_pct: int) -> TrialResult | None:
-        share = sm_pct / 100
-        if not await self.client.set_slice(self.instance_id, share, share):
+    async def _resized_trial(self, batch: int, sm_pct: int) -> TrialResult | None:
+        if not await self.client.set_slice(self.instance_id, sm_pct / 100, sm_pct / 100):
             raise SlicesUnavailable(f"the worker cannot resize {self.instance_id}")
+        return await self._measure(batch, sm_pct)
+
+    async def _measure(self, batch: int, sm_pct: int) -> TrialResult | None:
+        raise NotImplementedError
+
+
+class LiveTrialRunner(_LiveRunner):
+    """Inference trials: closed-loop requests with the function's sample input."""
+
+    def __init__(self, *, sample: bytes, **common) -> None:  # noqa: ANN003
+        super().__init__(**common)
+        self.sample = sample
+
+    async def _measure(self, batch: int, sm_pct: int) -> TrialResult | None:
         latencies: list[float] = []
         batches: list[int] = []
         failures: list[str] = []
@@ -131,31 +141,17 @@ def _p99(values: list[float]) -> float:
 
 def _error_text(reply: httpx.Response) -> str:
     try:
-        return str(reply.json().get("error", reply.text))[:300]
+        body = reply.json()
     except ValueError:
         return reply.text[:300]
+    return str(body.get("error", body) if isinstance(body, dict) else body)[:300]
 
 
-class ProgressTrialRunner:
-    """A TrialRunner for batch-class functions: a trial resizes the instance, lets it settle, and
-    measures the rate of progress its handler reports (``dilu.report_progress``) over ``trial_s``."""
+class ProgressTrialRunner(_LiveRunner):
+    """Batch-class trials: after the resize settles, the rate of progress the handler reports
+    (``dilu.report_progress``) over ``trial_s``."""
 
-    def __init__(self, *, loop: asyncio.AbstractEventLoop, client: WorkerClient, instance_id: str, endpoint: str,
-                 trial_s: float, on_trial: Callable[[int], None] | None = None) -> None:
-        self.loop, self.client, self.instance_id, self.endpoint = loop, client, instance_id, endpoint
-        self.trial_s, self.on_trial = trial_s, on_trial
-        self.count = 0
-
-    def trial(self, batch: int, sm_pct: int) -> TrialResult | None:
-        result = asyncio.run_coroutine_threadsafe(self._trial(sm_pct), self.loop).result()
-        self.count += 1
-        if self.on_trial is not None:
-            self.on_trial(self.count)
-        return result
-
-    async def _trial(self, sm_pct: int) -> TrialResult:
-        if not await self.client.set_slice(self.instance_id, sm_pct / 100, sm_pct / 100):
-            raise SlicesUnavailable(f"the worker cannot resize {self.instance_id}")
+    async def _measure(self, batch: int, sm_pct: int) -> TrialResult:
         async with httpx.AsyncClient(base_url=self.endpoint, timeout=30) as http:
             await asyncio.sleep(SETTLE_FRACTION * self.trial_s)  # the new share takes hold
             first = await self._read(http)
