@@ -6,6 +6,7 @@ never at import time, so tests can pass their own values.
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 from pydantic import Field, computed_field, field_validator
@@ -63,6 +64,7 @@ class GatewaySettings(CommonSettings):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     max_request_bytes: int = Field(10 * 1024 * 1024, gt=0, description="Largest accepted invoke body")
+    max_bundle_bytes: int = Field(200 * 1024 * 1024, gt=0, description="Largest accepted code bundle (compressed)")
     queue_size: int = Field(64, gt=0, description="Requests that may wait per function during a cold start")
     queue_timeout_s: float = Field(60.0, gt=0, description="How long a queued request waits for an instance")
     request_timeout_s: float = Field(300.0, gt=0, description="Upper bound on one forwarded request")
@@ -91,9 +93,19 @@ class ControllerSettings(CommonSettings):
 class WorkerSettings(CommonSettings):
     """One worker agent (one GPU, or the CPU)."""
 
-    host: str = "127.0.0.1"
-    port: int = Field(8081, ge=0, le=65535)
-    runtime: str = Field("process", description="Runtime backend: process (instances are child processes)")
+    host: str = Field("127.0.0.1", description="Address the worker API and its instances listen on")
+    port: int = Field(8081, ge=0, le=65535, description="Worker API port of the first device (0: any free port)")
+    advertise_host: str | None = Field(
+        None, description="Address other hosts reach this worker and its instances at; the listen address "
+                          "when it is a specific one, else this host's name")
+    runtime: str = Field("process", description="Runtime backend: process (child processes) or docker "
+                                                "(one container per instance)")
+    docker_image: str = Field("dilu/runtime-cpu:latest", description="Function runtime image of CPU instances")
+    docker_gpu_image: str = Field("dilu/runtime-cuda:latest", description="Function runtime image of GPU instances")
+    docker_user: str = Field("10001:10001", description="uid:gid instances run as in their containers (never root)")
+    docker_read_only: bool = Field(True, description="Read-only root filesystem for instance containers "
+                                                     "(a tmpfs at /tmp)")
+    max_bundle_bytes: int = Field(200 * 1024 * 1024, gt=0, description="Largest code bundle a worker unpacks")
     heartbeat_s: float = Field(1.0, gt=0)
     worker_ttl_s: float = Field(5.0, gt=0)
     health_poll_s: float = Field(0.02, gt=0, description="Health-check period of starting instances (on the cold-start path)")
@@ -114,9 +126,26 @@ class WorkerSettings(CommonSettings):
     @field_validator("runtime")
     @classmethod
     def _known_runtime(cls, value: str) -> str:
-        if value not in {"process"}:
-            raise ValueError(f"unknown runtime {value!r}; known: process")
+        if value not in {"process", "docker"}:
+            raise ValueError(f"unknown runtime {value!r}; known: process, docker")
         return value
+
+    @field_validator("docker_user")
+    @classmethod
+    def _not_root(cls, value: str) -> str:
+        uid = value.partition(":")[0]
+        if uid in ("", "0", "root"):
+            raise ValueError("instances never run as root: set a uid:gid other than 0")
+        return value
+
+    @property
+    def effective_advertise_host(self) -> str:
+        """Where other hosts reach this worker: never a wildcard address."""
+        if self.advertise_host:
+            return self.advertise_host
+        if self.host in ("0.0.0.0", "::", ""):
+            return socket.getfqdn()
+        return self.host
 
 
 class AllInOneSettings(GatewaySettings, ControllerSettings, WorkerSettings):
@@ -132,3 +161,4 @@ class CliSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="DILU_", extra="ignore")
 
     url: str = "http://127.0.0.1:8080"
+    max_bundle_bytes: int = Field(200 * 1024 * 1024, gt=0, description="Largest code bundle dilu deploy uploads")

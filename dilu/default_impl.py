@@ -36,9 +36,14 @@ def create_backend(settings: WorkerSettings) -> RuntimeBackend:
 
         from worker.cgroups import CpuLimiter
 
-        return ProcessBackend(state_dir=settings.home, python=settings.python, host="127.0.0.1", cpu=CpuLimiter(),
+        return ProcessBackend(state_dir=settings.home, python=settings.python, host=settings.host,
+                              advertise_host=settings.effective_advertise_host, cpu=CpuLimiter(),
                               spares=settings.spare_processes)
-    raise ValueError(f"unknown runtime {settings.runtime!r}; known: process")
+    if settings.runtime == "docker":
+        from worker.backends.docker import DockerBackend
+
+        return DockerBackend.from_settings(settings)
+    raise ValueError(f"unknown runtime {settings.runtime!r}; known: process, docker")
 
 
 def create_http_client() -> httpx.AsyncClient:

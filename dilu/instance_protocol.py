@@ -1,8 +1,10 @@
 """The contract between a worker and the instances it starts, in one place.
 
 A worker starts an instance process (``python -m worker.instance``) with:
-- ``DILU_INSTANCE_CONFIG``: a JSON file holding an ``InstanceConfig``;
-- ``DILU_LISTEN_FD``: an inherited, already-bound listening socket;
+- ``DILU_INSTANCE_CONFIG``: a JSON file holding an ``InstanceConfig``, or
+  ``DILU_INSTANCE_CONFIG_JSON``: the same JSON inline (containers, where no file is shared);
+- ``DILU_LISTEN_FD``: an inherited, already-bound listening socket, or ``DILU_LISTEN``:
+  ``host:port`` to bind (containers, which cannot inherit a socket);
 - ``DILU_INSTANCE_ID``, ``DILU_FUNCTION``; ``DILU_DEVICE`` (``cuda`` or ``cpu``).
 
 The instance answers ``GET /health`` 200 once ready, and 503 with ``{"loading": true}`` (and the
@@ -23,7 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 
 ENV_CONFIG = "DILU_INSTANCE_CONFIG"
+ENV_CONFIG_JSON = "DILU_INSTANCE_CONFIG_JSON"
 ENV_LISTEN_FD = "DILU_LISTEN_FD"
+ENV_LISTEN = "DILU_LISTEN"
 ENV_INSTANCE_ID = "DILU_INSTANCE_ID"
 ENV_FUNCTION = "DILU_FUNCTION"
 ENV_DEVICE = "DILU_DEVICE"
@@ -40,7 +44,7 @@ class InstanceConfig:
     instance_id: str
     function: str
     handler: str
-    source_dir: str
+    source_dir: str   # put first on the import path; "" for the working directory (image functions)
     options: dict[str, Any]
     max_batch_size: int
     max_wait_ms: float
@@ -50,6 +54,10 @@ class InstanceConfig:
         with open(path, encoding="utf-8") as handle:
             return cls(**json.load(handle))
 
+    @classmethod
+    def from_json(cls, text: str) -> "InstanceConfig":
+        return cls(**json.loads(text))
+
 
 @dataclass(frozen=True)
 class InstanceEnvironment:
@@ -58,14 +66,25 @@ class InstanceEnvironment:
     config_path: str | None
     listen_fd: int | None
     device: str = "cpu"
+    config_json: str | None = None
+    listen: tuple[str, int] | None = None   # (host, port) to bind when no socket is inherited
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> "InstanceEnvironment":
         environ = os.environ if environ is None else environ
         fd = environ.get(ENV_LISTEN_FD)
+        host, _, port = (environ.get(ENV_LISTEN) or "").rpartition(":")
         return cls(config_path=environ.get(ENV_CONFIG) or None,
                    listen_fd=int(fd) if fd and fd.isdigit() else None,
-                   device=environ.get(ENV_DEVICE) or "cpu")
+                   device=environ.get(ENV_DEVICE) or "cpu",
+                   config_json=environ.get(ENV_CONFIG_JSON) or None,
+                   listen=(host.strip("[]"), int(port)) if host and port.isdigit() else None)
+
+    def config(self) -> InstanceConfig | None:
+        """The instance's configuration from the file or the inline JSON; None when neither is set."""
+        if self.config_json:
+            return InstanceConfig.from_json(self.config_json)
+        return InstanceConfig.from_file(self.config_path) if self.config_path else None
 
 
 def is_loading(status: int, headers: Mapping[str, str]) -> bool:

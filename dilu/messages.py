@@ -79,6 +79,7 @@ class StartInstance(_Wire):
     memory_bytes: int
     sm_request: float | None = None
     sm_limit: float | None = None
+    bundle: str | None = None   # "sha256:<hex>" of the uploaded code; else ``source_dir`` or the spec's image
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,8 @@ from dilu.messages import WorkerInfo
 from gateway.app import create_asgi
 from gateway.services import GatewayServices
 from worker.agent import WorkerAgent
+from worker.backends.base import endpoint_url
+from worker.bundles import BundleCache
 from worker.api import create_worker_api
 from dilu.worker_client import InProcessWorkerClient, WorkerDirectory
 from worker.devices import discover_devices
@@ -82,17 +84,21 @@ def _gpu_control(settings: WorkerSettings, device) -> GpuControl | None:  # noqa
     return control
 
 
-def _make_agents(settings: WorkerSettings, store, url_for=None) -> list[WorkerAgent]:  # noqa: ANN001
-    backend = create_backend(settings)
+def _make_agents(settings: WorkerSettings, store, sessions, url_for=None) -> list[WorkerAgent]:  # noqa: ANN001
+    try:
+        backend = create_backend(settings)
+    except RuntimeError as exc:
+        raise StartupError(str(exc)) from None
+    bundles = BundleCache(sessions=sessions, cache_dir=settings.home / "bundles", max_bytes=settings.max_bundle_bytes)
     agents = []
     for position, device in enumerate(discover_devices(settings.gpus, settings.fake_gpus)):
-        info = WorkerInfo(id=worker_id(device, settings.worker_name), host=socket.gethostname(),
+        info = WorkerInfo(id=worker_id(device, settings.worker_name), host=settings.effective_advertise_host,
                           url=url_for(position) if url_for else None, device=device)
         agents.append(WorkerAgent(
             info=info, backend=backend, store=store, logs_dir=settings.logs_dir,
             heartbeat_s=settings.heartbeat_s, worker_ttl_s=settings.worker_ttl_s,
             health_poll_s=settings.health_poll_s, stop_grace_s=settings.stop_grace_s,
-            startup_timeout_s=settings.startup_timeout_s, gpu=_gpu_control(settings, device)))
+            startup_timeout_s=settings.startup_timeout_s, gpu=_gpu_control(settings, device), bundles=bundles))
     return agents
 
 
@@ -107,7 +113,7 @@ async def run_all_in_one(settings: AllInOneSettings, on_ready: OnReady | None = 
     store = create_store(settings)
     http = create_http_client()
     directory = WorkerDirectory(http)
-    agents = _make_agents(settings, store)
+    agents = _make_agents(settings, store, sessions)
     for agent in agents:
         directory.register_local(agent.info.id, InProcessWorkerClient(agent))
     reconciler = Reconciler(sessions=sessions, store=store, directory=directory,
@@ -167,20 +173,40 @@ async def run_controller(settings: ControllerSettings) -> None:
 
 
 async def run_worker(settings: WorkerSettings, on_ready: OnReady | None = None) -> None:
-    """One agent per device, each with its HTTP API on ``port``, ``port + 1``, ..."""
+    """One agent per device, each with its HTTP API on ``port``, ``port + 1``, ... (or each on a
+    free port with ``port`` 0), registered in the database with the address others reach it at."""
     devices = len(discover_devices(settings.gpus, settings.fake_gpus))
-    socks = [listen(settings.host, settings.port + i) for i in range(devices)]
+    socks = [listen(settings.host, settings.port + i if settings.port else 0) for i in range(devices)]
+    engine = make_engine(settings.effective_database_url)
+    sessions = make_session_factory(engine)
     store = create_store(settings)
-    agents = _make_agents(settings, store, url_for=lambda i: f"http://{settings.host}:{settings.port + i}")
+    advertised = settings.effective_advertise_host
+    agents = _make_agents(settings, store, sessions,
+                          url_for=lambda i: endpoint_url(advertised, socks[i].getsockname()[1]))
+    try:
+        await asyncio.to_thread(_register, sessions, [agent.info for agent in agents])
+    except Exception as exc:  # noqa: BLE001 - the controller registers it from heartbeats too
+        log.warning("could not register the worker in the database: %s", exc)
     servers = [uvicorn.Server(uvicorn.Config(create_worker_api(agent), log_level="warning", access_log=False))
                for agent in agents]
     background = [asyncio.create_task(agent.run()) for agent in agents]
     background += [asyncio.create_task(server.serve(sockets=[sock])) for server, sock in zip(servers[1:], socks[1:])]
     try:
-        await _serve(servers[0], socks[0], settings.host, on_ready, background)
+        await _serve(servers[0], socks[0], advertised, on_ready, background)
     finally:
         await asyncio.gather(*(agent.shutdown() for agent in agents), return_exceptions=True)
         await store.close()
+        engine.dispose()
+
+
+def _register(sessions, infos: list[WorkerInfo]) -> None:  # noqa: ANN001
+    """Records the workers and their devices at once (the controller keeps them alive from
+    heartbeats), so placement sees a new host before its first heartbeat is read."""
+    from dilu.db import repo
+    from dilu.db.models import utcnow
+
+    with sessions() as session:
+        repo.upsert_workers(session=session, workers=infos, now=utcnow())
 
 
 def examples_dir() -> Path | None:

@@ -97,6 +97,11 @@ class SpecModel(_Strict):
     scaling: Scaling = Field(default_factory=Scaling)
     batching: Batching = Field(default_factory=Batching)
     env: dict[str, str] = Field(default_factory=dict)
+    image: str | None = Field(
+        None, max_length=255, pattern=r"^[a-z0-9][a-z0-9._/:@-]*$",
+        description="A container image that already holds the handler (docker runtime); the code is "
+                    "then not uploaded and the handler's module is imported from the image's working "
+                    "directory or its Python path")
     # Inference is normally free of side effects, so a request whose instance died under it is
     # retried once elsewhere; a function with side effects sets this to false.
     idempotent: bool = Field(True, description="May a request be retried on another instance after a failure")

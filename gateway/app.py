@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from gateway.errors import install_error_handlers
-from gateway.routes import functions, invoke, system
+from gateway.routes import bundles, functions, invoke, system
 from gateway.services import GatewayServices
 
 
@@ -32,6 +32,7 @@ def create_app(build_services: Callable[[], Awaitable[GatewayServices]],
                   description="Serverless deep-learning functions with introspective elasticity.")
     install_error_handlers(app)
     app.include_router(system.router)
+    app.include_router(bundles.router)
     app.include_router(functions.router)
     app.include_router(invoke.router)
     return app

@@ -13,7 +13,10 @@ class DeployRequest(BaseModel):
 
     yaml: str | None = Field(None, description="model.yaml text")
     spec: dict[str, Any] | None = Field(None, description="The spec as JSON, instead of yaml")
-    source_dir: str = Field(..., description="Absolute folder the handler module is resolved in")
+    bundle: str | None = Field(None, description="The function's code: the digest of an uploaded bundle "
+                                                 "(POST /v1/bundles; dilu deploy does both)")
+    source_dir: str | None = Field(None, description="Instead of a bundle, on a local platform: the absolute "
+                                                     "folder the handler module is resolved in")
 
 
 class SliceUpdate(BaseModel):

@@ -7,6 +7,7 @@ should have; that is the controller's job.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -82,8 +83,10 @@ class WorkerAgent:
 
     def __init__(self, *, info: WorkerInfo, backend: RuntimeBackend, store: StateStore, logs_dir: Path,
                  heartbeat_s: float = 1.0, worker_ttl_s: float = 5.0, health_poll_s: float = 0.1,
-                 stop_grace_s: float = 5.0, startup_timeout_s: float = 300.0, gpu=None) -> None:  # noqa: ANN001
+                 stop_grace_s: float = 5.0, startup_timeout_s: float = 300.0, gpu=None,  # noqa: ANN001
+                 bundles=None) -> None:  # noqa: ANN001
         self.info = info
+        self._bundles = bundles  # BundleCache: where uploaded code is fetched from (None: local paths only)
         self._gpu = gpu  # GpuControl on GPU workers: token manager and shim injection
         self._backend = backend
         self._store = store
@@ -107,19 +110,43 @@ class WorkerAgent:
         record = _Instance(request=request, running=None, slice=default_slice(request.sm_request, request.sm_limit))
         self._instances[request.instance_id] = record
         try:
+            if request.bundle:
+                request = record.request = dataclasses.replace(request, source_dir=str(await self._code_folder(request)))
             extra_env = None
             if self._gpu is not None:
                 extra_env = self._gpu.admit(request)
                 # Loading (imports, weights, warm-up) runs unthrottled: the slice applies once ready.
                 self._gpu.set_slice(request.instance_id, record.cls, record.slice[0], 1.0)
             record.running = await self._backend.start(request, self.info.device,
-                                                       self.log_path(request.instance_id), extra_env)
+                                                       self.log_path(request.instance_id), extra_env, owner=self.info.id)
         except RuntimeError as exc:
             self._end(record, FAILED, str(exc))
         log.info("instance %s of %s starting at %s", request.instance_id, request.function,
                  record.running.endpoint if record.running else "-")
         await self._changed(record)
         return record.status()
+
+    async def _code_folder(self, request: StartInstance) -> str:
+        if self._bundles is None:
+            raise RuntimeError("this worker has no database to fetch code bundles from")
+        return await self._bundles.folder(request.bundle)
+
+    async def adopt(self) -> int:
+        """Takes over the instances a previous run of this worker left running (containers);
+        they are probed like starting ones and reported ready again. Returns how many."""
+        adopted = await self._backend.adopt(self.info.id, self.log_path)
+        for request, running in adopted:
+            record = _Instance(request=request, running=running, was_ready=True,
+                               slice=default_slice(request.sm_request, request.sm_limit))
+            self._instances[request.instance_id] = record
+            if self._gpu is not None:
+                self._gpu.admit(request)   # the shim re-registers with the new token manager
+            log.info("adopted instance %s of %s at %s", request.instance_id, request.function, running.endpoint)
+        return len(adopted)
+
+    def _log_tail(self, record: _Instance, lines: int) -> str:
+        kept = self._backend.logs(record.running, lines) if record.running is not None else None
+        return kept if kept is not None else read_log_tail(self.log_path(record.request.instance_id), lines)
 
     async def stop_instance(self, instance_id: str) -> None:
         """Stops gracefully (SIGTERM, then SIGKILL after the grace time); idempotent."""
@@ -181,12 +208,19 @@ class WorkerAgent:
                                if r.state == READY and r.cls == "batch" and r.running is not None))
 
     async def read_logs(self, instance_id: str, tail: int = 200) -> str:
+        record = self._instances.get(instance_id)
+        if record is not None and record.state not in (STOPPED, FAILED):
+            return await asyncio.to_thread(self._log_tail, record, tail)
         return read_log_tail(self.log_path(instance_id), tail)
 
     async def run(self) -> None:
         """Heartbeats and watches instances until cancelled."""
         last_beat = 0.0
         loop = asyncio.get_running_loop()
+        try:
+            await self.adopt()
+        except Exception:
+            log.exception("could not adopt the instances of an earlier run")
         while True:
             if loop.time() - last_beat >= self._heartbeat_s:
                 try:
@@ -211,7 +245,7 @@ class WorkerAgent:
                 continue
             code = self._backend.exit_code(record.running)
             if code is not None:
-                tail = read_log_tail(self.log_path(record.request.instance_id), 50)
+                tail = await asyncio.to_thread(self._log_tail, record, 50)
                 record.exit_code = code
                 self._end(record, FAILED, describe_exit(code, tail))
                 log.warning("instance %s of %s ended: %s", record.request.instance_id,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import subprocess
 import threading
 from dataclasses import dataclass
@@ -24,9 +26,14 @@ class ShimPaths:
 
 
 def shim_paths(build_dir: Path | None = None) -> ShimPaths:
-    """The built artefacts; runs ``make -C shim`` once if they are missing."""
+    """The built artefacts; runs ``make -C shim`` once if they are missing. With ``build_dir``
+    (``DILU_SHIM_DIR``), the shim instances load is there: the worker installs its own build
+    into it when that is newer (a worker in a container puts it on a folder the Docker engine can
+    mount into function containers)."""
     build = build_dir or SHIM_SOURCE / "build"
     paths = ShimPaths(build / "libdilu_shim.so", build / "fake")
+    if build_dir is not None:
+        _install(SHIM_SOURCE / "build", build_dir)
     if paths.shim.exists() and (paths.fake_driver_dir / "libcuda.so.1").exists():
         return paths
     if build_dir is not None:
@@ -38,3 +45,19 @@ def shim_paths(build_dir: Path | None = None) -> ShimPaths:
             if result.returncode != 0:
                 raise ShimUnavailable(f"building the shim failed: {result.stderr.strip()[-500:]}")
     return paths
+
+
+def _install(source: Path, target: Path) -> None:
+    """Copies the shim and the fake driver from ``source`` into ``target`` where they differ
+    (replacing files atomically, so a running instance keeps the library it mapped)."""
+    for relative in ("libdilu_shim.so", "fake/libcuda.so.1"):
+        origin, destination = source / relative, target / relative
+        if not origin.is_file() or origin.resolve() == destination.resolve():
+            continue
+        if destination.is_file() and destination.read_bytes() == origin.read_bytes():
+            continue
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        staging = destination.with_name(destination.name + ".new")
+        shutil.copyfile(origin, staging)
+        staging.chmod(0o755)
+        os.replace(staging, destination)

@@ -16,7 +16,8 @@ class GatewayClient:
         self.base_url = base_url.rstrip("/")
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout)
 
-    def request(self, method: str, path: str, *, expect_json: bool = True, **kwargs: Any) -> httpx.Response:
+    def request(self, method: str, path: str, *, expect_json: bool = True, allow_status: tuple[int, ...] = (),
+                **kwargs: Any) -> httpx.Response:
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.ConnectError:
@@ -24,7 +25,7 @@ class GatewayClient:
                            "(is `dilu up` running? set DILU_URL to point elsewhere)") from None
         except httpx.TimeoutException:
             raise CliError(f"the gateway at {self.base_url} did not answer in time") from None
-        if response.status_code >= 400:
+        if response.status_code >= 400 and response.status_code not in allow_status:
             raise CliError(_error_text(response))
         return response
 

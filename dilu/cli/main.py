@@ -151,13 +151,44 @@ def migrate() -> None:
 
 
 # ---------------------------------------------------------------- managing functions
+def _names_image(spec_text: str) -> bool:
+    """Whether the spec names a container image (then its code is not uploaded); the gateway
+    validates the spec itself."""
+    import yaml
+
+    try:
+        document = yaml.safe_load(spec_text)
+    except yaml.YAMLError:
+        return False
+    return isinstance(document, dict) and bool(document.get("image"))
+
+
+def _upload_bundle(client: GatewayClient, folder: Path) -> str:
+    """Packs ``folder`` and uploads it unless the gateway has it already; returns its digest."""
+    from dilu.bundles import BundleError, digest_of, pack
+
+    try:
+        data = pack(folder, CliSettings().max_bundle_bytes)
+    except BundleError as exc:
+        raise CliError(str(exc)) from None
+    digest = digest_of(data)
+    if client.request("HEAD", f"/v1/bundles/{digest}", allow_status=(404,)).status_code != 200:
+        client.json("POST", "/v1/bundles", content=data, headers={"content-type": "application/gzip"})
+    return digest
+
+
 @app.command()
 def deploy(
     file: Annotated[Path, typer.Argument(help="model.yaml")],
     wait: Annotated[bool, typer.Option(help="Wait until the function is ready or failed")] = True,
     timeout: Annotated[float, typer.Option(help="Seconds to wait")] = 600.0,
+    local: Annotated[bool, typer.Option("--local", help="Send the folder's path instead of uploading it "
+                                                        "(a platform on this machine only)")] = False,
 ) -> None:
-    """Deploy (or update) a function and show its progress until it is ready."""
+    """Deploy (or update) a function and show its progress until it is ready.
+
+    The spec's folder is packed (without what its .dilignore lists) and uploaded once per content;
+    a spec that names an image uploads nothing."""
     try:
         text = file.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -166,8 +197,12 @@ def deploy(
         _fail(f"{file}: cannot read it ({exc})")
     client = _client()
     try:
-        function = client.json("POST", "/v1/functions",
-                               json={"yaml": text, "source_dir": str(file.resolve().parent)})
+        body = {"yaml": text}
+        if local:
+            body["source_dir"] = str(file.resolve().parent)
+        elif not _names_image(text):
+            body["bundle"] = _upload_bundle(client, file.resolve().parent)
+        function = client.json("POST", "/v1/functions", json=body)
         name, version = function["name"], function["version"]
         out.print(f"deploying {name} (version {version})", highlight=False)
         if not wait:

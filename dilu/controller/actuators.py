@@ -55,7 +55,7 @@ class Actuator:
         await self.ctx.event(function.name, action, f"{reason}; {decision.reason} on {info.id}", instance_id)
         order = StartInstance(instance_id=instance_id, function=function.name, version=function.version,
                               spec=spec, source_dir=function.source_dir, memory_bytes=request.memory_bytes,
-                              sm_request=chosen.sm_request, sm_limit=chosen.sm_limit)
+                              sm_request=chosen.sm_request, sm_limit=chosen.sm_limit, bundle=function.bundle)
         try:
             status = await client.start_instance(order)
         except WorkerUnavailable as exc:

@@ -76,7 +76,8 @@ class ProfilingJobs:
         name, version = function.name, function.version
         training = function.typed_spec.function_class == "batch"
         try:
-            sample = None if training else sample_request(function.source_dir)
+            bundle = await self.ctx.db(repo.get_bundle_data, digest=function.bundle) if function.bundle else None
+            sample = None if training else sample_request(function.source_dir, bundle)
         except MissingSample as exc:
             await self._deployment_failed(function, str(exc))
             return

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import httpx
 
+from dilu.bundles import read_member
 from dilu.policy.profiler import Profile, TrialResult, hybrid_growth_search, training_search
 from dilu.worker_client import WorkerClient
 
@@ -42,16 +43,21 @@ class MissingSample(ValueError):
     """The function has no usable sample input to profile with; the message says what to add."""
 
 
-def sample_request(source_dir: str) -> bytes:
-    """The function's sample input: ``request.json`` beside its spec (one JSON request body).
+def sample_request(source_dir: str, bundle: bytes | None = None) -> bytes:
+    """The function's sample input: ``request.json`` beside its spec (one JSON request body), in
+    its uploaded ``bundle`` or its local ``source_dir``.
 
     Raises MissingSample, naming the file and what to do, when it is missing or not JSON.
     """
-    path = Path(source_dir) / SAMPLE_FILE
     pin = "or pin the slice (resources.sm_request and resources.sm_limit) to deploy without profiling"
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError:
+        if bundle is not None:
+            text = read_member(bundle, SAMPLE_FILE).decode("utf-8")
+        elif source_dir:
+            text = (Path(source_dir) / SAMPLE_FILE).read_text(encoding="utf-8")
+        else:
+            raise OSError("no code folder")
+    except (OSError, KeyError, UnicodeDecodeError):
         raise MissingSample(f"profiling needs a sample input: add {SAMPLE_FILE} (one JSON request body) beside "
                             f"model.yaml, {pin}") from None
     try:

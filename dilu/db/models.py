@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Integer, String, Text
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Integer, LargeBinary, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
@@ -45,7 +45,8 @@ class FunctionRow(Base):
     name: Mapped[str] = mapped_column(String(63), primary_key=True)
     version: Mapped[int] = mapped_column(Integer, default=1)
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)   # the canonical dict; ``typed_spec`` reads it
-    source_dir: Mapped[str] = mapped_column(Text)
+    source_dir: Mapped[str] = mapped_column(Text)   # a local folder (dilu up); "" for a bundle or an image
+    bundle: Mapped[str | None] = mapped_column(String(71), ForeignKey("bundles.digest"), nullable=True)
     status: Mapped[str] = mapped_column(String(16), default="deploying")  # a dilu.messages.FunctionStatus
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
@@ -61,6 +62,17 @@ class FunctionRow(Base):
             cached = (self.spec, spec_from_dict(self.spec))
             self.__dict__["_typed_spec"] = cached
         return cached[1]
+
+
+class BundleRow(Base):
+    """A function's code as uploaded (a .tar.gz), stored once per content digest."""
+
+    __tablename__ = "bundles"
+
+    digest: Mapped[str] = mapped_column(String(71), primary_key=True)   # "sha256:<64 hex>"
+    size: Mapped[int] = mapped_column(BigInteger)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
 
 
 class WorkerRow(Base):

@@ -6,25 +6,49 @@ from collections.abc import Iterable
 from datetime import datetime
 
 from sqlalchemy import delete, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from dilu.db.models import FunctionRow, InstanceRow, ProfileRow, ScalingEventRow, WorkerRow, utcnow
+from dilu.db.models import BundleRow, FunctionRow, InstanceRow, ProfileRow, ScalingEventRow, WorkerRow, utcnow
 from dilu.messages import ACTIVE_STATES, FunctionStatus, WorkerInfo
 
 
-def upsert_function(*, session: Session, spec: dict, source_dir: str) -> tuple[FunctionRow, bool]:
+def put_bundle(*, session: Session, digest: str, data: bytes) -> bool:
+    """Stores a bundle once; True when it was new (the caller checked the digest)."""
+    if session.get(BundleRow, digest) is not None:
+        return False
+    session.add(BundleRow(digest=digest, size=len(data), data=data))
+    try:
+        session.commit()
+    except IntegrityError:   # uploaded by someone else at the same moment: same bytes
+        session.rollback()
+        return False
+    return True
+
+
+def bundle_exists(*, session: Session, digest: str) -> bool:
+    return session.scalar(select(BundleRow.digest).where(BundleRow.digest == digest)) is not None
+
+
+def get_bundle_data(*, session: Session, digest: str) -> bytes | None:
+    return session.scalar(select(BundleRow.data).where(BundleRow.digest == digest))
+
+
+def upsert_function(*, session: Session, spec: dict, source_dir: str,
+                    bundle: str | None = None) -> tuple[FunctionRow, bool]:
     """Creates the function or replaces its spec with a new version; returns (row, created)."""
     now = utcnow()
     row = session.get(FunctionRow, spec["name"])
     created = row is None
     if row is None:
-        row = FunctionRow(name=spec["name"], version=1, spec=spec, source_dir=source_dir,
+        row = FunctionRow(name=spec["name"], version=1, spec=spec, source_dir=source_dir, bundle=bundle,
                           status=FunctionStatus.DEPLOYING.value, created_at=now, updated_at=now, requests_total=0)
         session.add(row)
     else:
         row.version += 1
         row.spec = spec
         row.source_dir = source_dir
+        row.bundle = bundle
         row.status = FunctionStatus.DEPLOYING.value
         row.error = None
         row.updated_at = now

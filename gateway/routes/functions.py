@@ -7,6 +7,7 @@ import asyncio
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 from sqlalchemy.orm import Session
 
+from dilu.bundles import has_module, is_digest
 from dilu.db import repo
 from dilu.db.models import FunctionRow
 from dilu.messages import READY, STARTING, InstanceRole
@@ -52,6 +53,24 @@ def _existing(session: Session, name: str) -> FunctionRow:
     return row
 
 
+def check_code(body: DeployRequest, spec, services) -> None:  # noqa: ANN001
+    """Exactly one place the code comes from, and the handler's module is in it (SpecError if not)."""
+    given = [what for what in ("bundle", "source_dir") if getattr(body, what)] + (["image"] if spec.image else [])
+    if len(given) != 1:
+        raise SpecError([f"code: give exactly one of bundle (dilu deploy uploads one), source_dir or the "
+                         f"spec's image; got {', '.join(given) or 'none'}"])
+    if body.source_dir:
+        check_handler_source(body.source_dir, spec.handler)
+    elif body.bundle:
+        with services.sessions() as session:
+            data = repo.get_bundle_data(session=session, digest=body.bundle) if is_digest(body.bundle) else None
+        if data is None:
+            raise SpecError([f"bundle: {body.bundle!r} is not uploaded (POST /v1/bundles first)"])
+        if not has_module(data, spec.handler):
+            module = spec.handler.split(":", 1)[0]
+            raise SpecError([f"handler: module {module!r} not found in the bundle"])
+
+
 @router.post("", response_model=FunctionPublic, status_code=201,
              responses={200: {"description": "An existing function was updated"}})
 async def deploy(body: DeployRequest, request: Request, response: Response, services: ServicesDep) -> FunctionPublic:
@@ -64,14 +83,14 @@ async def deploy(body: DeployRequest, request: Request, response: Response, serv
             spec = spec_from_dict(body.spec, defaults)
         else:
             raise SpecError(["body: give the spec as 'yaml' (text) or 'spec' (object)"])
-        check_handler_source(body.source_dir, spec.handler)
+        await asyncio.to_thread(check_code, body, spec, services)
     except SpecError as exc:
         raise HTTPException(422, f"invalid spec: {exc}") from None
 
     def write() -> tuple[FunctionPublic, bool]:
         with services.sessions() as session:
             row, created = repo.upsert_function(session=session, spec=spec_to_dict(spec),
-                                                source_dir=body.source_dir)
+                                                source_dir=body.source_dir or "", bundle=body.bundle)
             return to_public(row, session, _base_url(request)), created
 
     public, created = await asyncio.to_thread(write)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from dilu.messages import DeviceInfo, StartInstance
@@ -18,12 +19,28 @@ class RunningInstance:
     handle: Any
 
 
+def endpoint_url(host: str, port: int) -> str:
+    """``http://host:port``, with IPv6 literals bracketed."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 class RuntimeBackend(Protocol):
     async def start(self, request: StartInstance, device: DeviceInfo, log_path: Path,
-                    extra_env: dict[str, str] | None = None) -> RunningInstance:
+                    extra_env: dict[str, str] | None = None, owner: str = "") -> RunningInstance:
         """Starts the instance's runtime server with ``extra_env`` added (the shim's injection);
-        returns once it is spawned (not yet ready). Raises RuntimeError with a user-readable
-        message if it cannot be spawned."""
+        returns once it is spawned (not yet ready). ``owner`` is the worker's id, recorded where
+        the instance can outlive the worker (containers) so a restarted worker adopts it. Raises
+        RuntimeError with a user-readable message if it cannot be spawned."""
+
+    async def adopt(self, owner: str, log_path: Callable[[str], Path]) -> list[tuple[StartInstance, RunningInstance]]:
+        """The instances a previous run of worker ``owner`` left running (containers survive
+        their worker); ended ones are removed. ``log_path(instance_id)`` is where each one's
+        output is kept once it ends. Backends whose instances die with the worker
+        return nothing."""
+
+    def logs(self, running: RunningInstance, lines: int) -> str | None:
+        """The instance's last output lines where the backend keeps it (container logs); None
+        when it is in the worker's log file."""
 
     def exit_code(self, running: RunningInstance) -> int | None:
         """The exit status once it has ended (negative: killed by that signal), else None."""

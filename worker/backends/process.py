@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from dilu import instance_protocol as protocol
 from dilu.instance_protocol import InstanceConfig
 from dilu.messages import DeviceInfo, StartInstance
 from worker.cgroups import CpuLimiter, join_group, join_group_of
-from worker.backends.base import RunningInstance
+from worker.backends.base import RunningInstance, endpoint_url
 
 _PR_SET_PDEATHSIG = 1
 logger = logging.getLogger(__name__)
@@ -63,11 +64,12 @@ class ProcessBackend:
     """Implements RuntimeBackend with local child processes."""
 
     def __init__(self, *, state_dir: Path, python: str | None = None, host: str = "127.0.0.1",
-                 base_env: dict[str, str] | None = None, cpu: CpuLimiter | None = None, spares: int = 0) -> None:
+                 advertise_host: str | None = None, base_env: dict[str, str] | None = None, cpu: CpuLimiter | None = None, spares: int = 0) -> None:
         self._state_dir = state_dir
         self.cpu = cpu
         self._python = python or sys.executable
         self._host = host
+        self._advertise = advertise_host or host
         self._base_env = dict(os.environ if base_env is None else base_env)
         self._spares_wanted = spares
         self._spares: list[_Spare] = []
@@ -97,7 +99,10 @@ class ProcessBackend:
         return env
 
     async def start(self, request: StartInstance, device: DeviceInfo, log_path: Path,
-                    extra_env: dict[str, str] | None = None) -> RunningInstance:
+                    extra_env: dict[str, str] | None = None, owner: str = "") -> RunningInstance:
+        if request.spec.get("image"):
+            raise RuntimeError(f"function {request.function} names an image ({request.spec['image']}): "
+                               "it needs a worker with the docker runtime (DILU_RUNTIME=docker)")
         config_path = self._write_config(request)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         spare = self._take_spare(request, device, extra_env)
@@ -106,7 +111,7 @@ class ProcessBackend:
                 return self._assign(spare, request, device, config_path, log_path, extra_env)
             finally:
                 self._refill()
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener = socket.socket(_family(self._host), socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind((self._host, 0))
         listener.listen(1024)
@@ -125,7 +130,7 @@ class ProcessBackend:
             raise RuntimeError(f"cannot start instance process: {exc}") from exc
         finally:
             listener.close()
-        return RunningInstance(endpoint=f"http://{self._host}:{port}", pid=process.pid, handle=process)
+        return RunningInstance(endpoint=endpoint_url(self._advertise, port), pid=process.pid, handle=process)
 
     def _write_config(self, request: StartInstance) -> Path:
         spec = request.spec
@@ -155,7 +160,7 @@ class ProcessBackend:
         folder = self._state_dir / "logs"
         folder.mkdir(parents=True, exist_ok=True)
         log_path = folder / f"spare-{os.getpid()}-{self._spare_count}.log"
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener = socket.socket(_family(self._host), socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind((self._host, 0))
         listener.listen(1024)
@@ -171,7 +176,7 @@ class ProcessBackend:
             port = listener.getsockname()[1]
             fd = listener.fileno()
             listener.close()
-        return _Spare(process, f"http://{self._host}:{port}", fd, log_path)
+        return _Spare(process, endpoint_url(self._advertise, port), fd, log_path)
 
     def _take_spare(self, request: StartInstance, device: DeviceInfo,
                     extra_env: dict[str, str] | None) -> _Spare | None:
@@ -228,6 +233,12 @@ class ProcessBackend:
         if self.cpu is not None:
             self.cpu.remove(instance_id)
 
+    async def adopt(self, owner: str, log_path: Callable[[str], Path]) -> list[tuple[StartInstance, RunningInstance]]:
+        return []  # instance processes die with their worker (PR_SET_PDEATHSIG)
+
+    def logs(self, running: RunningInstance, lines: int) -> str | None:
+        return None
+
     def exit_code(self, running: RunningInstance) -> int | None:
         return running.handle.poll()
 
@@ -246,6 +257,10 @@ class ProcessBackend:
         else:
             # Whatever the instance forked must go too.
             _signal_group(process.pid, signal.SIGKILL)
+
+
+def _family(host: str) -> int:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -7,11 +7,12 @@ keeps such spares ready so that a cold start skips the interpreter's start-up an
 
 import json
 import os
+import socket
 import sys
 import time
 
-from dilu.instance_protocol import InstanceConfig, InstanceEnvironment
-from worker.instance.server import preload, serve
+from dilu.instance_protocol import InstanceEnvironment
+from worker.instance.server import bind_listener, preload, serve
 
 
 def main() -> None:
@@ -26,9 +27,13 @@ def main() -> None:
         os.environ.update(assignment["env"])
         os.chdir(assignment["cwd"])
     environment = InstanceEnvironment.from_environ()
-    if not environment.config_path or environment.listen_fd is None:
-        sys.exit("worker.instance: DILU_INSTANCE_CONFIG and DILU_LISTEN_FD must be set by the worker")
-    serve(InstanceConfig.from_file(environment.config_path), environment.listen_fd, assigned_at)
+    config = environment.config()
+    if config is None or (environment.listen_fd is None and environment.listen is None):
+        sys.exit("worker.instance: DILU_INSTANCE_CONFIG(_JSON) and DILU_LISTEN_FD (or DILU_LISTEN) "
+                 "must be set by the worker")
+    listener = socket.socket(fileno=environment.listen_fd) if environment.listen_fd is not None \
+        else bind_listener(*environment.listen)
+    serve(config, listener, assigned_at)
 
 
 if __name__ == "__main__":

@@ -152,8 +152,18 @@ def preload() -> None:
     _uvicorn_config(Starlette()).load()
 
 
-def serve(config: InstanceConfig, fd: int, assigned_at: float | None = None) -> None:
-    """Serves on the already-bound listening socket ``fd`` until SIGTERM. ``assigned_at``: when
+def bind_listener(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (containers bind their own; processes inherit one)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((host, port))
+    listener.listen(1024)
+    return listener
+
+
+def serve(config: InstanceConfig, listener: socket.socket, assigned_at: float | None = None) -> None:
+    """Serves on the bound ``listener`` until SIGTERM. ``assigned_at``: when
     a spare process (started and imported ahead of time) was given this instance; its start-up
     marks count from then."""
     import uvicorn
@@ -171,8 +181,7 @@ def serve(config: InstanceConfig, fd: int, assigned_at: float | None = None) -> 
             task.cancel()
 
     app = create_app(state, lifespan)
-    # socket(fileno=...) detects the real family (uvicorn's fd= assumes AF_UNIX, which leaves
-    # Nagle on for TCP and costs ~40 ms per response through delayed ACKs).
-    listener = socket.socket(fileno=fd)
+    # A socket object, not uvicorn's fd=: socket(fileno=...) detects the real family (fd= assumes
+    # AF_UNIX, which leaves Nagle on for TCP and costs ~40 ms per response through delayed ACKs).
     server = uvicorn.Server(_uvicorn_config(app))
     server.run(sockets=[listener])

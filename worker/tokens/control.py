@@ -42,6 +42,10 @@ class GpuControl:
 
     def start(self) -> None:
         self.clock_file.parent.mkdir(parents=True, exist_ok=True)
+        if self.device.fake:
+            # Every instance of the simulated GPU maps the clock, whatever user it runs as.
+            self.clock_file.touch(exist_ok=True)
+            self.clock_file.chmod(0o666)
         self.manager.start()
 
     def stop(self) -> None:

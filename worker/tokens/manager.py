@@ -110,6 +110,9 @@ class TokenManager:
             self.socket_path.unlink()
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(str(self.socket_path))
+        # Instances may run as another user (containers run unprivileged): connecting needs write
+        # permission on the socket. Who may register is bounded by who can reach the folder.
+        os.chmod(self.socket_path, 0o666)
         listener.listen(64)
         listener.setblocking(False)
         self._listener = listener

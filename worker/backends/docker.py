@@ -1,0 +1,309 @@
+"""The docker runtime: each instance is a container from the function runtime image.
+
+What every container gets (the contract in ``docs/architecture.md``):
+- host networking; the instance binds ``DILU_LISTEN`` (a port the worker picked), since a
+  container cannot inherit a socket; its configuration travels inline (``DILU_INSTANCE_CONFIG_JSON``);
+- the function's code (an unpacked bundle) bind-mounted read-only at ``/opt/dilu/function``, or
+  nothing when the spec names an ``image`` that holds the handler;
+- on a GPU: the GPU requested by UUID (NVIDIA device request), the shim's folder and the token
+  manager's socket folder bind-mounted read-only, ``LD_PRELOAD`` pointing at the mounted shim;
+- the slice's memory as the container's memory limit; a CPU slice as a CFS quota that
+  ``set_share`` changes at run time (``docker update``), so vertical scaling works for CPU
+  functions in containers too;
+- an unprivileged user, a read-only root filesystem (a tmpfs at /tmp), no capabilities, no
+  privilege escalation;
+- labels naming the owning worker and the start order, so a restarted worker adopts what is
+  still running (containers outlive their worker) and removes what has ended.
+
+Paths handed to the engine are paths on the engine's host: a worker that itself runs in a
+container must have its ``DILU_HOME`` bind-mounted at the same path (``docker-compose.yml`` does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from dilu import instance_protocol as protocol
+from dilu.instance_protocol import InstanceConfig
+from dilu.messages import DeviceInfo, StartInstance
+from worker.backends.base import RunningInstance, endpoint_url
+
+log = logging.getLogger(__name__)
+
+LABEL_OWNER = "dev.dilu.worker"
+LABEL_INSTANCE = "dev.dilu.instance"
+LABEL_FUNCTION = "dev.dilu.function"
+LABEL_ENDPOINT = "dev.dilu.endpoint"
+LABEL_START = "dev.dilu.start"        # the StartInstance as JSON: what adoption rebuilds from
+
+FUNCTION_DIR = "/opt/dilu/function"
+SHIM_DIR = "/opt/dilu/shim"
+RUN_DIR = "/run/dilu"
+FAKE_DRIVER_DIR = "/opt/dilu/fake-driver"
+FAKE_CLOCK = "/opt/dilu/fake-clock"
+CPU_PERIOD_US = 100_000
+EXIT_POLL_S = 0.25                   # how stale an instance's "still running" may be
+TMPFS = {"/tmp": "rw,nosuid,nodev,size=1g"}
+
+
+def container_name(instance_id: str) -> str:
+    return f"dilu-{instance_id}"
+
+
+def free_port(host: str) -> int:
+    """A port nothing listens on now; the instance binds it a moment later (a lost race makes the
+    instance fail to start, and the controller places another)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def signal_exit_code(code: int) -> int:
+    """Docker reports a container killed by signal N as 128 + N; the agent's convention is -N."""
+    return -(code - 128) if 128 < code < 160 else code
+
+
+def translate_injection(extra_env: dict[str, str]) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    """The shim's injection (host paths, as the GPU control writes it for processes) rewritten to
+    paths inside the container, with the read-only bind mounts that put them there."""
+    env, mounts = dict(extra_env), []
+
+    def mount(source: str, target: str, read_only: bool = True) -> None:
+        mounts.append({"source": source, "target": target, "read_only": read_only})
+
+    if "LD_PRELOAD" in env:
+        shim = Path(env["LD_PRELOAD"])
+        mount(str(shim.parent), SHIM_DIR)
+        env["LD_PRELOAD"] = f"{SHIM_DIR}/{shim.name}"
+    if "DILU_TOKEN_SOCKET" in env:
+        sock = Path(env["DILU_TOKEN_SOCKET"])
+        mount(str(sock.parent), RUN_DIR)
+        env["DILU_TOKEN_SOCKET"] = f"{RUN_DIR}/{sock.name}"
+    if "LD_LIBRARY_PATH" in env:   # the fake driver of a simulated GPU
+        mount(env["LD_LIBRARY_PATH"], FAKE_DRIVER_DIR)
+        env["LD_LIBRARY_PATH"] = FAKE_DRIVER_DIR
+    if "DILU_FAKE_CLOCK" in env:   # the simulated device's clock is shared and written by every user
+        mount(env["DILU_FAKE_CLOCK"], FAKE_CLOCK, read_only=False)
+        env["DILU_FAKE_CLOCK"] = FAKE_CLOCK
+    return env, mounts
+
+
+class DockerBackend:
+    """Implements RuntimeBackend with one container per instance."""
+
+    def __init__(self, *, client: Any, cpu_image: str, gpu_image: str, user: str, host: str,
+                 advertise_host: str, read_only: bool = True, cores: int | None = None) -> None:
+        self._client = client
+        self._cpu_image = cpu_image
+        self._gpu_image = gpu_image
+        self._user = user
+        self._host = host
+        self._advertise = advertise_host
+        self._read_only = read_only
+        self._cores = cores or os.cpu_count() or 1
+        self._containers: dict[str, Any] = {}        # instance id -> container
+        self._log_paths: dict[str, Path] = {}
+        self._exit_seen: dict[str, tuple[float, int | None]] = {}
+
+    @classmethod
+    def from_settings(cls, settings) -> "DockerBackend":  # noqa: ANN001
+        import docker
+
+        try:
+            client = docker.from_env()
+            client.ping()
+        except docker.errors.DockerException as exc:
+            raise RuntimeError(f"the docker runtime needs a Docker engine (DOCKER_HOST or "
+                               f"/var/run/docker.sock): {exc}") from None
+        return cls(client=client, cpu_image=settings.docker_image, gpu_image=settings.docker_gpu_image,
+                   user=settings.docker_user, host=settings.host, advertise_host=settings.effective_advertise_host,
+                   read_only=settings.docker_read_only)
+
+    # ---- start ----
+    async def start(self, request: StartInstance, device: DeviceInfo, log_path: Path,
+                    extra_env: dict[str, str] | None = None, owner: str = "") -> RunningInstance:
+        port = free_port(self._host)
+        endpoint = endpoint_url(self._advertise, port)
+        kwargs = self.run_arguments(request, device, port, extra_env or {})
+        kwargs["labels"] = {LABEL_OWNER: owner, LABEL_INSTANCE: request.instance_id,
+                            LABEL_FUNCTION: request.function, LABEL_ENDPOINT: endpoint,
+                            LABEL_START: json.dumps(request.to_dict(), separators=(",", ":"))}
+        try:
+            container = await asyncio.to_thread(self._run, kwargs)
+        except Exception as exc:  # the SDK raises several types; all mean "could not start"
+            raise RuntimeError(f"cannot start the instance's container: {_short(exc)}") from None
+        self._containers[request.instance_id] = container
+        self._log_paths[request.instance_id] = log_path
+        return RunningInstance(endpoint=endpoint, pid=None, handle=container)
+
+    def _run(self, kwargs: dict[str, Any]) -> Any:
+        import docker
+
+        name = kwargs["name"]
+        try:   # a container left by an earlier attempt under this name (a start order retried)
+            self._client.containers.get(name).remove(force=True)
+        except docker.errors.NotFound:
+            pass
+        return self._client.containers.run(**kwargs)
+
+    def run_arguments(self, request: StartInstance, device: DeviceInfo, port: int,
+                      extra_env: dict[str, str]) -> dict[str, Any]:
+        """The ``containers.run`` keyword arguments of an instance (pure: unit-tested)."""
+        import docker
+
+        spec = request.spec
+        image = spec.get("image") or (self._gpu_image if device.kind == "gpu" and not device.fake else self._cpu_image)
+        injected, mounts = translate_injection(extra_env)
+        code_dir = "" if spec.get("image") else FUNCTION_DIR
+        if code_dir:
+            mounts.append({"source": request.source_dir, "target": FUNCTION_DIR, "read_only": True})
+        config = InstanceConfig(
+            instance_id=request.instance_id, function=request.function, handler=spec["handler"],
+            source_dir=code_dir, options=spec.get("model") or {},
+            max_batch_size=spec["batching"]["max_batch_size"], max_wait_ms=spec["batching"]["max_wait_ms"])
+        env = dict(spec.get("env") or {})
+        env.update(injected)
+        env.update({
+            protocol.ENV_CONFIG_JSON: json.dumps(asdict(config)),
+            protocol.ENV_LISTEN: f"{self._host}:{port}",
+            protocol.ENV_INSTANCE_ID: request.instance_id,
+            protocol.ENV_FUNCTION: request.function,
+            protocol.ENV_DEVICE: "cuda" if device.kind == "gpu" else "cpu",
+            "HOME": "/tmp", "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
+        })
+        if device.kind != "gpu":
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        kwargs: dict[str, Any] = dict(
+            image=image, command=["python", "-m", "worker.instance"], name=container_name(request.instance_id),
+            detach=True, network_mode="host", user=self._user, environment=env,
+            working_dir=code_dir or None, read_only=self._read_only, tmpfs=dict(TMPFS) if self._read_only else None,
+            cap_drop=["ALL"], security_opt=["no-new-privileges"], mem_limit=request.memory_bytes,
+            pids_limit=4096, init=True,
+            mounts=[docker.types.Mount(m["target"], m["source"], type="bind", read_only=m["read_only"])
+                    for m in mounts])
+        if device.kind == "gpu" and not device.fake and device.uuid:
+            kwargs["device_requests"] = [docker.types.DeviceRequest(device_ids=[device.uuid], capabilities=[["gpu"]])]
+        return {key: value for key, value in kwargs.items() if value is not None}
+
+    # ---- adoption ----
+    async def adopt(self, owner: str, log_path: Callable[[str], Path]) -> list[tuple[StartInstance, RunningInstance]]:
+        return await asyncio.to_thread(self._adopt, owner, log_path)
+
+    def _adopt(self, owner: str, log_path: Callable[[str], Path]) -> list[tuple[StartInstance, RunningInstance]]:
+        adopted = []
+        for container in self._client.containers.list(all=True, filters={"label": f"{LABEL_OWNER}={owner}"}):
+            labels = container.labels
+            try:
+                request = StartInstance.from_dict(json.loads(labels[LABEL_START]))
+            except (KeyError, TypeError, ValueError):
+                request = None
+            if container.status != "running" or request is None:
+                log.info("removing ended container %s of %s", container.name, owner)
+                _quietly(container.remove, force=True)
+                continue
+            self._containers[request.instance_id] = container
+            self._log_paths[request.instance_id] = log_path(request.instance_id)
+            adopted.append((request, RunningInstance(endpoint=labels[LABEL_ENDPOINT], pid=None, handle=container)))
+        return adopted
+
+    # ---- watching ----
+    def exit_code(self, running: RunningInstance) -> int | None:
+        import docker
+
+        container = running.handle
+        seen_at, code = self._exit_seen.get(container.id, (0.0, None))
+        if code is not None or time.monotonic() - seen_at < EXIT_POLL_S:
+            return code
+        try:
+            container.reload()
+            state = container.attrs.get("State", {})
+            if state.get("Status") in ("exited", "dead"):
+                code = signal_exit_code(int(state.get("ExitCode", -9)))
+        except docker.errors.NotFound:
+            code = -9   # removed from outside (docker rm -f)
+        except docker.errors.DockerException as exc:
+            log.warning("cannot inspect %s: %s", container.name, _short(exc))
+        self._exit_seen[container.id] = (time.monotonic(), code)
+        return code
+
+    def logs(self, running: RunningInstance, lines: int) -> str | None:
+        import docker
+
+        try:
+            return running.handle.logs(tail=lines if lines > 0 else "all").decode("utf-8", errors="replace")
+        except docker.errors.DockerException:
+            return None
+
+    # ---- stopping ----
+    async def stop(self, running: RunningInstance, grace_s: float) -> None:
+        import docker
+
+        try:
+            await asyncio.to_thread(running.handle.stop, timeout=max(0, int(round(grace_s))))
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.DockerException as exc:
+            log.warning("stopping %s: %s", running.handle.name, _short(exc))
+
+    def release(self, instance_id: str) -> None:
+        """Keeps the ended container's output in the worker's log file, then removes it (in the
+        background: the engine's answers must not hold up the agent's loop)."""
+        container = self._containers.pop(instance_id, None)
+        log_path = self._log_paths.pop(instance_id, None)
+        if container is None:
+            return
+        self._exit_seen.pop(container.id, None)
+
+        def keep_logs_and_remove() -> None:
+            if log_path is not None:
+                try:
+                    output = container.logs()
+                    log_path.parent.mkdir(parents=True, exist_ok=True)
+                    log_path.write_bytes(output)
+                except Exception as exc:  # noqa: BLE001 - the container may be gone already
+                    log.debug("no logs kept for %s: %s", instance_id, exc)
+            _quietly(container.remove, force=True)
+
+        threading.Thread(target=keep_logs_and_remove, name=f"release-{instance_id}", daemon=True).start()
+
+    # ---- vertical scaling of CPU instances ----
+    def set_share(self, instance_id: str, share: float | None) -> bool:
+        container = self._containers.get(instance_id)
+        if container is None:
+            return False
+        quota = -1 if share is None or share >= 1.0 else max(1000, int(share * self._cores * CPU_PERIOD_US))
+        try:
+            container.update(cpu_period=CPU_PERIOD_US, cpu_quota=quota)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("cannot set the CPU quota of %s: %s", container.name, _short(exc))
+            return False
+        return True
+
+    @property
+    def enforces_shares(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        """Nothing to free: containers are stopped by the worker, or left for adoption."""
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:400] if text else type(exc).__name__
+
+
+def _quietly(call, **kwargs) -> None:  # noqa: ANN001
+    try:
+        call(**kwargs)
+    except Exception as exc:  # noqa: BLE001 - best effort clean-up
+        log.debug("ignored: %s", exc)
