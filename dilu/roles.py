@@ -114,6 +114,7 @@ async def run_all_in_one(settings: AllInOneSettings, on_ready: OnReady | None = 
     http = create_http_client()
     directory = WorkerDirectory(http)
     agents = _make_agents(settings, store, sessions)
+    await asyncio.gather(*(agent.adopt() for agent in agents))
     for agent in agents:
         directory.register_local(agent.info.id, InProcessWorkerClient(agent))
     reconciler = Reconciler(sessions=sessions, store=store, directory=directory,
@@ -183,6 +184,7 @@ async def run_worker(settings: WorkerSettings, on_ready: OnReady | None = None) 
     advertised = settings.effective_advertise_host
     agents = _make_agents(settings, store, sessions,
                           url_for=lambda i: endpoint_url(advertised, socks[i].getsockname()[1]))
+    await asyncio.gather(*(agent.adopt() for agent in agents))
     try:
         await asyncio.to_thread(_register, sessions, [agent.info for agent in agents])
     except Exception as exc:  # noqa: BLE001 - the controller registers it from heartbeats too

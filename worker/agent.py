@@ -133,8 +133,13 @@ class WorkerAgent:
 
     async def adopt(self) -> int:
         """Takes over the instances a previous run of this worker left running (containers);
-        they are probed like starting ones and reported ready again. Returns how many."""
-        adopted = await self._backend.adopt(self.info.id, self.log_path)
+        they are probed like starting ones and reported ready again. Returns how many. Called
+        before the worker serves or heartbeats, so the controller never sees it without them."""
+        try:
+            adopted = await self._backend.adopt(self.info.id, self.log_path)
+        except Exception:
+            log.exception("could not adopt the instances of an earlier run")
+            return 0
         for request, running in adopted:
             record = _Instance(request=request, running=running, was_ready=True,
                                slice=default_slice(request.sm_request, request.sm_limit))
@@ -217,10 +222,6 @@ class WorkerAgent:
         """Heartbeats and watches instances until cancelled."""
         last_beat = 0.0
         loop = asyncio.get_running_loop()
-        try:
-            await self.adopt()
-        except Exception:
-            log.exception("could not adopt the instances of an earlier run")
         while True:
             if loop.time() - last_beat >= self._heartbeat_s:
                 try:

@@ -1,0 +1,35 @@
+# The Dilu platform: every role (gateway, controller, worker, migrate) behind the `dilu` entrypoint.
+#   docker build -f docker/platform.Dockerfile -t dilu/platform .
+# Build arguments (defaults serve real users; CI overrides them to build offline):
+#   PYTHON_IMAGE         the Python 3.11+ base (needs python3 with venv)
+#   SHIM_BUILDER_IMAGE   any image with a C compiler, make and CUDA's cuda.h (the shim is built there)
+#   PIP_ARGS             extra pip arguments (a local index, find-links)
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+ARG SHIM_BUILDER_IMAGE=nvidia/cuda:12.6.3-devel-ubuntu22.04
+
+FROM ${SHIM_BUILDER_IMAGE} AS shim
+COPY shim /src/shim
+RUN make -s -C /src/shim BUILD=/out CUDA_HOME=/usr/local/cuda
+
+FROM ${PYTHON_IMAGE}
+ARG PIP_ARGS=""
+ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 DILU_HOME=/var/lib/dilu
+WORKDIR /app
+COPY pyproject.toml README.md ./
+# The platform's dependencies without torch: the roles never import it (instances do, in the
+# function runtime images), and it is most of a gigabyte.
+RUN python3 -m venv /opt/venv \
+ && python3 -c "import tomllib; deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; \
+open('/tmp/requirements.txt', 'w').write('\n'.join(d for d in deps if not d.startswith('torch')))" \
+ && pip install --no-cache-dir $PIP_ARGS -r /tmp/requirements.txt && rm /tmp/requirements.txt
+COPY dilu ./dilu
+COPY gateway ./gateway
+COPY worker ./worker
+COPY migrations ./migrations
+COPY examples ./examples
+COPY shim ./shim
+COPY --from=shim /out/libdilu_shim.so ./shim/build/libdilu_shim.so
+COPY --from=shim /out/fake/libcuda.so.1 ./shim/build/fake/libcuda.so.1
+RUN pip install --no-cache-dir --no-deps $PIP_ARGS -e . && python3 -m compileall -q dilu gateway worker migrations
+ENTRYPOINT ["dilu"]
+CMD ["--help"]
