@@ -21,7 +21,7 @@ RUN python3 -m venv /opt/venv \
  && (useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin dilu 2>/dev/null || true)
 WORKDIR /opt/dilu/runtime
 # Only what runs inside an instance: the instance server and the handler API it imports.
-COPY dilu/__init__.py dilu/handler.py dilu/instance_protocol.py ./dilu/
+COPY dilu/__init__.py dilu/handler.py dilu/instance_protocol.py dilu/cuda_driver.py ./dilu/
 COPY worker/__init__.py ./worker/
 COPY worker/instance ./worker/instance
 ENV PYTHONPATH=/opt/dilu/runtime

@@ -9,7 +9,7 @@ ENV PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 HOME=/tmp
 RUN pip install --no-cache-dir $PIP_ARGS "uvicorn>=0.29" "starlette>=0.37" "prometheus-client>=0.20" \
  && (useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin dilu 2>/dev/null || true)
 WORKDIR /opt/dilu/runtime
-COPY dilu/__init__.py dilu/handler.py dilu/instance_protocol.py ./dilu/
+COPY dilu/__init__.py dilu/handler.py dilu/instance_protocol.py dilu/cuda_driver.py ./dilu/
 COPY worker/__init__.py ./worker/
 COPY worker/instance ./worker/instance
 ENV PYTHONPATH=/opt/dilu/runtime

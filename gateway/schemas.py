@@ -61,7 +61,8 @@ class FunctionPublic(BaseModel):
     invoke_url: str
     profile: dict[str, Any] | None = Field(None, description="What profiling found for this version")
     spec: dict[str, Any]
-    source_dir: str
+    source_dir: str = Field(description="The local folder it was deployed from; empty for a bundle or an image")
+    bundle: str | None = Field(None, description="Digest of the uploaded code bundle")
     created_at: datetime
     updated_at: datetime
 

@@ -268,7 +268,8 @@ def describe(name: str) -> None:
     if function["error"]:
         out.print(f"error: {function['error']}", highlight=False)
     out.print(f"invoke: POST {function['invoke_url']}", highlight=False)
-    out.print(f"requests: {function['requests_total']}   source: {function['source_dir']}", highlight=False)
+    code = function.get("bundle") or function["spec"].get("image") or function["source_dir"]
+    out.print(f"requests: {function['requests_total']}   code: {code}", highlight=False)
     profile = function.get("profile")
     if profile:
         if profile["status"] == "done":

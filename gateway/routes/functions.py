@@ -39,7 +39,7 @@ def to_public(row: FunctionRow, session: Session, base_url: str,
         ready_instances=sum(1 for i in instances if i.state == READY),
         starting_instances=sum(1 for i in instances if i.state == STARTING),
         requests_total=row.requests_total, invoke_url=f"{base_url}/v1/functions/{row.name}/invoke",
-        spec=row.spec, source_dir=row.source_dir, created_at=row.created_at, updated_at=row.updated_at)
+        spec=row.spec, source_dir=row.source_dir, bundle=row.bundle, created_at=row.created_at, updated_at=row.updated_at)
 
 
 def _base_url(request: Request) -> str:
