@@ -1,0 +1,111 @@
+"""Code bundles: deterministic packing, .dilignore, size limits, and unpacking that refuses
+anything but plain files inside the bundle's folder."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from dilu.bundles import BundleError, digest_of, has_module, ignored, is_digest, pack, read_member, unpack
+
+
+def make_function(folder: Path) -> Path:
+    (folder / "pkg").mkdir(parents=True)
+    (folder / "handler.py").write_text("class H: pass\n")
+    (folder / "pkg" / "__init__.py").write_text("")
+    (folder / "request.json").write_text('{"x": 1}')
+    (folder / "weights.bin").write_bytes(b"w" * 1000)
+    (folder / "__pycache__").mkdir()
+    (folder / "__pycache__" / "handler.cpython-311.pyc").write_bytes(b"compiled")
+    return folder
+
+
+def names(data: bytes) -> set[str]:
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
+        return set(archive.getnames())
+
+
+def test_packing_is_deterministic_and_skips_caches(tmp_path: Path) -> None:
+    folder = make_function(tmp_path / "fn")
+    first = pack(folder, 10**6)
+    (folder / "handler.py").touch()            # a new mtime changes nothing
+    assert pack(folder, 10**6) == first
+    assert names(first) == {"handler.py", "pkg/__init__.py", "request.json", "weights.bin"}
+    (folder / "handler.py").write_text("class H: x = 1\n")
+    assert digest_of(pack(folder, 10**6)) != digest_of(first)
+
+
+@pytest.mark.parametrize(("pattern", "left_out"), [
+    ("*.bin", {"weights.bin"}),
+    ("pkg/", {"pkg/__init__.py"}),
+    ("/request.json", {"request.json"}),
+    ("# a comment only", set()),
+])
+def test_dilignore(tmp_path: Path, pattern: str, left_out: set[str]) -> None:
+    folder = make_function(tmp_path / "fn")
+    (folder / ".dilignore").write_text(pattern + "\n")
+    everything = {"handler.py", "pkg/__init__.py", "request.json", "weights.bin"}
+    assert names(pack(folder, 10**6)) == everything - left_out
+
+
+def test_ignore_rules() -> None:
+    assert ignored("a/.git", True, []) and ignored("x.pyc", False, [])
+    assert ignored("data/big.bin", False, ["*.bin"]) and not ignored("data/big.bin", False, ["/big.bin"])
+    assert not ignored("notes.txt", False, ["notes/"])      # a folder pattern does not match a file
+
+
+def test_too_large_names_the_largest_files(tmp_path: Path) -> None:
+    folder = make_function(tmp_path / "fn")
+    (folder / "huge.bin").write_bytes(bytes(range(256)) * 4096)   # 1 MiB that does not compress away
+    with pytest.raises(BundleError, match=r"over the 0\.1 MiB bundle limit.*huge\.bin.*\.dilignore"):
+        pack(folder, 100 * 1024)
+
+
+def test_unpack_checks_the_digest_and_is_cached(tmp_path: Path) -> None:
+    data = pack(make_function(tmp_path / "fn"), 10**6)
+    digest = digest_of(data)
+    assert is_digest(digest) and not is_digest("sha256:xyz") and not is_digest("md5:" + "0" * 64)
+    with pytest.raises(BundleError, match="does not match"):
+        unpack(data, "sha256:" + "0" * 64, tmp_path / "cache", 10**6)
+    folder = unpack(data, digest, tmp_path / "cache", 10**6)
+    assert (folder / "handler.py").read_text() == "class H: pass\n"
+    assert unpack(data, digest, tmp_path / "cache", 10**6) == folder
+    assert has_module(data, "handler:H") and has_module(data, "pkg:X") and not has_module(data, "other:H")
+    assert read_member(data, "request.json") == b'{"x": 1}'
+    with pytest.raises(KeyError):
+        read_member(data, "missing.json")
+
+
+def archive_with(member: tarfile.TarInfo, payload: bytes = b"") -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        archive.addfile(member, io.BytesIO(payload) if payload else None)
+    return buffer.getvalue()
+
+
+def escaping() -> tarfile.TarInfo:
+    info = tarfile.TarInfo("../outside.py")
+    info.size = 1
+    return info
+
+
+def symlink() -> tarfile.TarInfo:
+    info = tarfile.TarInfo("link")
+    info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+    return info
+
+
+@pytest.mark.parametrize(("member", "payload", "message"), [
+    (escaping(), b"x", "cannot be unpacked"),
+    (symlink(), b"", "not a plain file"),
+])
+def test_unpack_refuses_hostile_archives(tmp_path: Path, member: tarfile.TarInfo, payload: bytes,
+                                         message: str) -> None:
+    data = archive_with(member, payload)
+    with pytest.raises(BundleError, match=message):
+        unpack(data, digest_of(data), tmp_path / "cache", 10**6)
+    assert not (tmp_path / "outside.py").exists()
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == []     # nothing half-unpacked is left
