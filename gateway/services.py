@@ -18,8 +18,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from dilu.config import GatewaySettings
 from dilu.db import repo
 from dilu.default_impl import create_scheduler
-from dilu.messages import FunctionStatus
-from dilu.state.base import Channel, StateStore
+from dilu.messages import READY, Endpoint, FunctionStatus, InstanceRole
+from dilu.state.base import Channel, StateStore, follow
 from gateway.forward import Forwarder
 from gateway.routing import RoutingTable
 from dilu.worker_client import WorkerDirectory
@@ -111,11 +111,13 @@ class GatewayServices:
         self.forwarder = Forwarder()
         self.scheduler = create_scheduler(settings.scheduler)  # admits resizes as placements are admitted
         self._tasks: list[asyncio.Task] = []
+        self._pending_counts: dict[str, dict[int, int]] = {}
+        self._pending_totals: dict[str, int] = {}
 
     async def start(self) -> None:
         await self.forwarder.start()
         await self.functions.refresh()
-        self.routing.replace_all(await self.store.get_routes())
+        self.routing.replace_all(await self.current_routes())
         self._tasks = [
             asyncio.create_task(self._follow(Channel.ROUTES, self._on_routes)),
             asyncio.create_task(self._follow(Channel.FUNCTIONS, self._on_function)),
@@ -134,17 +136,13 @@ class GatewayServices:
         await self.forwarder.close()
 
     async def _follow(self, channel: Channel, handle) -> None:  # noqa: ANN001
-        subscription = await self.store.subscribe(channel)
-        try:
-            while True:
-                message = await subscription.get(timeout=5.0)
-                if message is not None:
-                    try:
-                        await handle(message)
-                    except Exception:
-                        log.exception("handling %s event failed", channel.value)
-        finally:
-            await subscription.aclose()
+        """Handles the channel's events for ever: a lost state store is resubscribed to when it
+        returns (meanwhile the periodic refresh keeps the gateway's view current)."""
+        async for message in follow(self.store, channel):
+            try:
+                await handle(message)
+            except Exception:
+                log.exception("handling %s event failed", channel.value)
 
     async def _every(self, period_s: float, action) -> None:  # noqa: ANN001
         while True:
@@ -155,7 +153,7 @@ class GatewayServices:
                 log.exception("periodic gateway task failed")
 
     async def _on_routes(self, message: dict[str, Any]) -> None:
-        table = await self.store.get_routes()
+        table = await self.current_routes()
         name = message.get("function")
         if name:
             self.routing.set_endpoints(name, table.get(name, []))
@@ -167,21 +165,79 @@ class GatewayServices:
 
     async def _refresh_all(self) -> None:
         await self.functions.refresh()
-        self.routing.replace_all(await self.store.get_routes())
+        self.routing.replace_all(await self.current_routes())
+
+    async def current_routes(self) -> dict[str, list[Endpoint]]:
+        """The routing table from the state store, or rebuilt from the database (the source of
+        truth) while the store cannot answer."""
+        try:
+            return await self.store.get_routes()
+        except Exception as exc:  # noqa: BLE001 - any store failure: fall back to the database
+            log.warning("state store unavailable (%s): routing from the database", type(exc).__name__)
+            return await asyncio.to_thread(self._routes_from_database)
+
+    def _routes_from_database(self) -> dict[str, list[Endpoint]]:
+        with self.sessions() as session:
+            rows = repo.list_instances(session=session, active_only=True)
+        routes: dict[str, list[Endpoint]] = {}
+        for row in rows:
+            if row.state == READY and row.endpoint and row.role == InstanceRole.SERVE:
+                routes.setdefault(row.function, []).append(Endpoint(row.id, row.endpoint))
+        return routes
 
     async def flush_activity(self) -> None:
+        """Sends the counters gathered since the last flush to the state store and the request
+        totals to the database, each on its own: what one of them could not take is kept and
+        sent with the next flush, so an outage of either loses no count."""
         snapshot, counts = self.activity.take(self.functions.names())
+        for name, per_second in counts.items():
+            pending = self._pending_counts.setdefault(name, {})
+            for second, count in per_second.items():
+                pending[second] = pending.get(second, 0) + count
+            self._pending_totals[name] = self._pending_totals.get(name, 0) + sum(per_second.values())
         ttl = max(5.0, self.settings.stats_flush_s * 4)
-        await self.store.report_activity(self.gateway_id, snapshot, counts, ttl)
-        totals = {name: sum(per_second.values()) for name, per_second in counts.items()}
-        if totals:
-            await asyncio.to_thread(self._add_counts, totals)
+        sending, self._pending_counts = self._pending_counts, {}
+        try:
+            await self.store.report_activity(self.gateway_id, snapshot, sending, ttl)
+        except Exception:
+            self._pending_counts = _merge_counts(sending, self._pending_counts)
+            raise
+        finally:
+            totals, self._pending_totals = self._pending_totals, {}
+            if totals:
+                try:
+                    await asyncio.to_thread(self._add_counts, totals)
+                except Exception:
+                    for name, count in totals.items():
+                        self._pending_totals[name] = self._pending_totals.get(name, 0) + count
+                    raise
 
     def _add_counts(self, totals: dict[str, int]) -> None:
         with self.sessions() as session:
             repo.add_request_counts(session=session, counts=totals)
 
     async def demand(self, function: str) -> None:
-        """A request is queued: tell the controller now rather than at the next flush."""
-        await self.flush_activity()
-        await self.store.publish(Channel.DEMAND, {"function": function})
+        """A request is queued: tell the controller now rather than at the next flush. Never
+        fails the request: without a state store the next flush that gets through tells it."""
+        try:
+            await self.flush_activity()
+            await self.store.publish(Channel.DEMAND, {"function": function})
+        except Exception as exc:  # noqa: BLE001
+            log.warning("could not signal demand for %s: %s", function, type(exc).__name__)
+
+    async def notify(self, channel: Channel, message: dict[str, Any]) -> None:
+        """Publishes a change; the database already holds it, so a state store outage only
+        delays who hears of it until the periodic refreshes."""
+        try:
+            await self.store.publish(channel, message)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("could not publish on %s: %s", channel.value, type(exc).__name__)
+
+
+def _merge_counts(first: dict[str, dict[int, int]], second: dict[str, dict[int, int]]) -> dict[str, dict[int, int]]:
+    merged = {name: dict(per_second) for name, per_second in first.items()}
+    for name, per_second in second.items():
+        target = merged.setdefault(name, {})
+        for moment, count in per_second.items():
+            target[moment] = target.get(moment, 0) + count
+    return merged

@@ -27,7 +27,7 @@ from dilu.messages import ACTIVE_STATES, FAILED, READY, STARTING, STOPPING, Endp
 from dilu.messages import InstanceRole, InstanceStatus
 from dilu.messages import WorkerInfo
 from dilu.policy.scheduler import Scheduler
-from dilu.state.base import Channel, StateStore
+from dilu.state.base import Channel, StateStore, follow
 from dilu.worker_client import WorkerDirectory, WorkerUnavailable
 
 log = logging.getLogger(__name__)
@@ -51,18 +51,14 @@ class Reconciler:
         self.functions = FunctionManager(self.ctx, self.actuator, self.settings)
         self._store = store
         self._directory = directory
-        self._routes: dict[str, list[Endpoint]] = {}
         self._start_failures: dict[tuple[str, int], int] = {}
         self._owners: dict[str, str] = {}  # instance id -> worker id, as last observed
         self._started_at = utcnow()
+        self._heartbeats_since: float | None = time.monotonic()   # None while the state store is out
 
     # ---- the loop ----
     async def run(self) -> None:
         """Reconciles every interval, and at once when a worker, gateway or deploy signals."""
-        try:
-            self._routes = await self._store.get_routes()
-        except Exception:
-            log.exception("could not read the routing table; it will be rebuilt")
         listeners = [asyncio.create_task(self._listen(channel))
                      for channel in (Channel.INSTANCES, Channel.DEMAND, Channel.FUNCTIONS)]
         try:
@@ -83,20 +79,24 @@ class Reconciler:
                 task.cancel()
 
     async def _listen(self, channel: Channel) -> None:
-        subscription = await self._store.subscribe(channel)
-        try:
-            while True:
-                if await subscription.get(timeout=5.0) is not None:
-                    self.ctx.wake.set()
-        finally:
-            await subscription.aclose()
+        async for _message in follow(self._store, channel):
+            self.ctx.wake.set()
 
     async def reconcile_once(self) -> None:
         now = utcnow()
-        live = await self._store.live_workers()
+        try:
+            live = await self._store.live_workers()
+        except Exception:
+            self._heartbeats_since = None
+            raise
+        if self._heartbeats_since is None:
+            self._heartbeats_since = time.monotonic()
         await self.ctx.db(repo.upsert_workers, workers=live, now=now)
         known = await self.ctx.db(repo.list_workers)
-        lost = [w.id for w in known if w.state == "alive" and w.id not in {i.id for i in live}]
+        # A worker is lost when it has been silent for its TTL; heartbeats are only as old as this
+        # controller's view of the state store (a restarted controller or Redis holds none yet).
+        may_judge = time.monotonic() - self._heartbeats_since >= self.settings.worker_ttl_s
+        lost = [w.id for w in known if w.state == "alive" and w.id not in {i.id for i in live}] if may_judge else []
         if lost:
             log.warning("workers lost: %s", ", ".join(lost))
             await self.ctx.db(repo.mark_workers_lost, worker_ids=lost, now=now)
@@ -199,16 +199,18 @@ class Reconciler:
                     self.ctx.spawn(client.stop_instance(instance_id))
 
     async def _publish_routes(self, snapshot: _Snapshot) -> None:
+        """Writes the routes that differ from what the state store holds (compared with the store
+        itself, not a memory of what was written: a restarted Redis gets the whole table back)."""
         routes: dict[str, list[Endpoint]] = {}
         for row in snapshot.instances:
             if row.state == READY and row.endpoint and row.role == InstanceRole.SERVE:
                 routes.setdefault(row.function, []).append(Endpoint(row.id, row.endpoint))
-        for name in set(routes) | set(self._routes):
+        stored = {name: sorted(eps, key=lambda e: e.instance_id) for name, eps in (await self._store.get_routes()).items()}
+        for name in set(routes) | set(stored):
             endpoints = sorted(routes.get(name, []), key=lambda e: e.instance_id)
-            if endpoints != self._routes.get(name):
+            if endpoints != stored.get(name):
                 await self._store.set_routes(name, endpoints)
                 await self._store.publish(Channel.ROUTES, {"function": name})
-        self._routes = {name: sorted(eps, key=lambda e: e.instance_id) for name, eps in routes.items()}
 
     async def shutdown(self) -> None:
         self.functions.profiling.cancel_all()

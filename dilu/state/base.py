@@ -6,10 +6,16 @@ wake-up, never data. Durable state lives in the database.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
 from enum import Enum
 from typing import Any, Protocol
 
 from dilu.messages import Endpoint, FunctionActivity, WorkerInfo
+
+log = logging.getLogger(__name__)
 
 REQUEST_HISTORY_S = 120
 
@@ -90,3 +96,37 @@ def merge_activity(snapshots: list[dict[str, dict[str, Any]]],
         )
         for name in names
     }
+
+
+async def follow(store: StateStore, channel: Channel, retry_s: float = 0.2,
+                 max_retry_s: float = 2.0) -> AsyncIterator[dict[str, Any]]:
+    """The channel's messages for as long as the caller iterates, across state store outages:
+    a lost subscription is made again when the store returns, and then an empty message is
+    yielded, meaning "events may have been missed: refresh everything"."""
+    delay = retry_s
+    lost = False
+    while True:
+        subscription = None
+        try:
+            subscription = await store.subscribe(channel)
+            if lost:
+                log.warning("state store is back: following %s again", channel.value)
+                lost, delay = False, retry_s
+                yield {}
+            while True:
+                message = await subscription.get(timeout=5.0)
+                if message is not None:
+                    yield message
+        except (asyncio.CancelledError, GeneratorExit):
+            raise
+        except Exception as exc:  # noqa: BLE001 - any store failure: wait and subscribe again
+            if not lost:
+                log.warning("lost the state store while following %s (%s); retrying", channel.value,
+                            type(exc).__name__)
+            lost = True
+        finally:
+            if subscription is not None:
+                with contextlib.suppress(Exception, asyncio.TimeoutError):
+                    await asyncio.wait_for(subscription.aclose(), 1.0)
+        await asyncio.sleep(delay)
+        delay = min(max_retry_s, delay * 2)

@@ -95,7 +95,7 @@ async def deploy(body: DeployRequest, request: Request, response: Response, serv
 
     public, created = await asyncio.to_thread(write)
     await services.functions.refresh(spec.name)
-    await services.store.publish(Channel.FUNCTIONS, {"function": spec.name})
+    await services.notify(Channel.FUNCTIONS, {"function": spec.name})
     if not created:
         response.status_code = 200
     return public
@@ -121,7 +121,7 @@ async def delete_function(name: str, services: ServicesDep) -> dict[str, str]:
     if not await asyncio.to_thread(remove):
         raise HTTPException(404, f"function {name!r} not found")
     await services.functions.refresh(name)
-    await services.store.publish(Channel.FUNCTIONS, {"function": name})
+    await services.notify(Channel.FUNCTIONS, {"function": name})
     return {"deleted": name}
 
 
@@ -134,7 +134,10 @@ async def list_instances(name: str, services: ServicesDep,
             return repo.list_instances(session=session, function=name, active_only=not all)
 
     rows = await asyncio.to_thread(read)
-    telemetry = await services.store.telemetry()
+    try:
+        telemetry = await services.store.telemetry()
+    except Exception:  # noqa: BLE001 - telemetry is best effort; the instances are in the database
+        telemetry = {}
     return [InstancePublic(id=r.id, worker_id=r.worker_id, version=r.function_version, state=r.state,
                            endpoint=r.endpoint, error=r.error, created_at=r.created_at, ready_at=r.ready_at,
                            ended_at=r.ended_at, sm_request=r.sm_request, sm_limit=r.sm_limit, role=r.role,
@@ -150,7 +153,10 @@ async def set_slice(name: str, body: SliceUpdate, request: Request, services: Se
     on its GPU at the new slice, nothing changes and the answer is 409 naming the GPU and the
     shortfall (instances are not moved; scale the function out or shrink a neighbour instead).
     """
-    live = await services.store.live_workers()
+    try:
+        live = await services.store.live_workers()
+    except Exception:  # noqa: BLE001
+        raise HTTPException(503, "the state store is unavailable: resizes wait for it (retry shortly)") from None
 
     def write() -> FunctionPublic:
         with services.sessions() as session:
@@ -168,7 +174,7 @@ async def set_slice(name: str, body: SliceUpdate, request: Request, services: Se
             return to_public(row, session, _base_url(request), services.routing)
 
     public = await asyncio.to_thread(write)
-    await services.store.publish(Channel.FUNCTIONS, {"function": name})
+    await services.notify(Channel.FUNCTIONS, {"function": name})
     return public
 
 
