@@ -136,7 +136,13 @@ def unpack(data: bytes, digest: str, cache_dir: Path, max_bytes: int) -> Path:
             for member in members:
                 if not (member.isfile() or member.isdir()):
                     raise BundleError(f"bundle {digest}: {member.name} is not a plain file or folder")
-            archive.extractall(staging, filter="data")
+                inside = (staging / member.name).resolve()
+                if member.name.startswith("/") or not inside.is_relative_to(staging.resolve()):
+                    raise BundleError(f"bundle {digest}: {member.name} points outside the bundle")
+            if hasattr(tarfile, "data_filter"):   # Python >= 3.11.4 checks again as it extracts
+                archive.extractall(staging, filter="data")
+            else:
+                archive.extractall(staging)  # noqa: S202 - every member was checked above
         for path in [staging, *staging.rglob("*")]:   # readable by the unprivileged instance user
             path.chmod(0o755 if path.is_dir() or os.access(path, os.X_OK) else 0o644)
         try:

@@ -121,6 +121,9 @@ class WorkerAgent:
                                                        self.log_path(request.instance_id), extra_env, owner=self.info.id)
         except RuntimeError as exc:
             self._end(record, FAILED, str(exc))
+        except Exception as exc:  # noqa: BLE001 - a bug here must fail the instance, not the order
+            log.exception("starting %s failed", request.instance_id)
+            self._end(record, FAILED, f"the worker could not start the instance: {type(exc).__name__}: {exc}")
         log.info("instance %s of %s starting at %s", request.instance_id, request.function,
                  record.running.endpoint if record.running else "-")
         await self._changed(record)

@@ -145,8 +145,13 @@ def migrate() -> None:
     from dilu.config import CommonSettings
     from dilu.db.engine import migrate as run_migrations
 
+    from sqlalchemy.exc import OperationalError
+
     url = CommonSettings().effective_database_url
-    run_migrations(url)
+    try:
+        run_migrations(url)
+    except OperationalError as exc:
+        _fail(f"cannot migrate the database at {url.split('@')[-1]}: {str(exc.orig).strip().splitlines()[0]}")
     out.print(f"database at {url.split('@')[-1]} is up to date", highlight=False)
 
 

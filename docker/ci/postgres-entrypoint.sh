@@ -10,11 +10,12 @@ chown -R postgres:postgres "$PGDATA" /var/run/postgresql
 if [ ! -s "$PGDATA/PG_VERSION" ]; then
   printf '%s' "${POSTGRES_PASSWORD:-postgres}" > /tmp/pwfile
   chown postgres /tmp/pwfile
-  su postgres -s /bin/sh -c "$BIN/initdb -D '$PGDATA' -U '${POSTGRES_USER:-postgres}' --pwfile=/tmp/pwfile -A scram-sha-256 >/dev/null"
+  su postgres -s /bin/sh -c "$BIN/initdb -E UTF8 --locale=C -D '$PGDATA' -U '${POSTGRES_USER:-postgres}' --pwfile=/tmp/pwfile -A scram-sha-256 >/dev/null"
   rm -f /tmp/pwfile
   su postgres -s /bin/sh -c "$BIN/pg_ctl -D '$PGDATA' -o '-c listen_addresses= ' -w start >/dev/null"
-  if [ -n "${POSTGRES_DB:-}" ] && [ "${POSTGRES_DB}" != "${POSTGRES_USER:-postgres}" ]; then
-    su postgres -s /bin/sh -c "PGPASSWORD='${POSTGRES_PASSWORD:-postgres}' $BIN/psql -h /var/run/postgresql -U '${POSTGRES_USER:-postgres}' -d postgres -c 'CREATE DATABASE \"${POSTGRES_DB}\"' >/dev/null"
+  DB=${POSTGRES_DB:-${POSTGRES_USER:-postgres}}
+  if [ "$DB" != "postgres" ]; then
+    su postgres -s /bin/sh -c "PGPASSWORD='${POSTGRES_PASSWORD:-postgres}' $BIN/psql -h /var/run/postgresql -U '${POSTGRES_USER:-postgres}' -d postgres -c 'CREATE DATABASE \"$DB\"' >/dev/null"
   fi
   su postgres -s /bin/sh -c "$BIN/pg_ctl -D '$PGDATA' -w stop >/dev/null"
 fi

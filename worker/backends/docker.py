@@ -114,6 +114,7 @@ class DockerBackend:
         self._containers: dict[str, Any] = {}        # instance id -> container
         self._log_paths: dict[str, Path] = {}
         self._exit_seen: dict[str, tuple[float, int | None]] = {}
+        self._releasing: list[threading.Thread] = []
 
     @classmethod
     def from_settings(cls, settings) -> "DockerBackend":  # noqa: ANN001
@@ -274,7 +275,9 @@ class DockerBackend:
                     log.debug("no logs kept for %s: %s", instance_id, exc)
             _quietly(container.remove, force=True)
 
-        threading.Thread(target=keep_logs_and_remove, name=f"release-{instance_id}", daemon=True).start()
+        thread = threading.Thread(target=keep_logs_and_remove, name=f"release-{instance_id}", daemon=True)
+        self._releasing = [t for t in self._releasing if t.is_alive()] + [thread]
+        thread.start()
 
     # ---- vertical scaling of CPU instances ----
     def set_share(self, instance_id: str, share: float | None) -> bool:
@@ -294,7 +297,10 @@ class DockerBackend:
         return True
 
     def close(self) -> None:
-        """Nothing to free: containers are stopped by the worker, or left for adoption."""
+        """Waits for ended containers to be removed (containers still running are the worker's
+        to stop, or are left for a successor to adopt)."""
+        for thread in self._releasing:
+            thread.join(timeout=15)
 
 
 def _short(exc: BaseException) -> str:
