@@ -76,3 +76,33 @@ async def closed_loop(url: str, body: bytes, clients: int, seconds: float) -> li
     deadline = time.perf_counter() + seconds
     await asyncio.gather(*(caller() for _ in range(clients)))
     return latencies
+
+
+async def fixed_count(url: str, body: bytes, clients: int, total: int, reply_timeout_s: float,
+                      outcomes: list[tuple[float, float, int]]) -> None:
+    """Sends ``total`` requests from ``clients`` closed-loop callers, appending (sent, answered,
+    status) per request to ``outcomes`` as they complete (monotonic seconds). Status -1: no reply
+    within ``reply_timeout_s`` or the connection broke; the caller then reconnects."""
+    host, port, request = build_request(url, body)
+    loop = asyncio.get_running_loop()
+    left = [total]
+
+    async def caller() -> None:
+        connection = None
+        while left[0] > 0:
+            left[0] -= 1
+            started = time.monotonic()
+            try:
+                if connection is None:
+                    _, connection = await loop.create_connection(_Connection, host, port)
+                status = await asyncio.wait_for(connection.send(request), reply_timeout_s)
+            except (OSError, ConnectionError, asyncio.TimeoutError):
+                status = -1
+                if connection is not None:
+                    connection.transport.close()
+                connection = None
+            outcomes.append((started, time.monotonic(), status))
+        if connection is not None:
+            connection.transport.close()
+
+    await asyncio.gather(*(caller() for _ in range(clients)))
