@@ -150,6 +150,10 @@ class WorkerAgent:
             if self._gpu is not None:
                 self._gpu.admit(request)   # the shim re-registers with the new token manager
             log.info("adopted instance %s of %s at %s", request.instance_id, request.function, running.endpoint)
+        # Probed at once, so a serving instance is reported ready from the first listing on
+        # (reporting it as starting would take it out of the routes until the next probe).
+        await asyncio.gather(*(self._probe_startup(self._instances[r.instance_id], time.monotonic())
+                               for r, _ in adopted))
         return len(adopted)
 
     def _log_tail(self, record: _Instance, lines: int) -> str:
