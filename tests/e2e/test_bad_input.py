@@ -16,7 +16,7 @@ from tests.waiting import eventually
 @pytest.fixture
 def serving(start_platform, tmp_path: Path):  # noqa: ANN001, ANN201
     """A platform with a small body limit and a healthy function that must keep working."""
-    platform = start_platform(env={"DILU_MAX_REQUEST_BYTES": "2048"})
+    platform = start_platform(env={"DILU_MAX_REQUEST_BYTES": "2048", "DILU_MAX_BUNDLE_BYTES": str(2**20)})
     source = shutil.copytree(FIXTURE_FUNCTIONS / "ok", tmp_path / "ok")
     assert platform.cli("deploy", str(source / "model.yaml")).returncode == 0
     yield platform
@@ -84,10 +84,28 @@ def test_bad_requests_get_json_errors(serving) -> None:  # noqa: ANN001
         (serving.http.get("/v1/functions/ghost"), 404, "not found"),
         (serving.http.delete("/v1/functions/ghost"), 404, "not found"),
         (serving.http.get("/no/such/route"), 404, "Not Found"),
+        # Code bundles: only gzipped tars, within the limit, and a deploy names one that exists.
+        (serving.http.post("/v1/bundles", content=b"PK\x03\x04 a zip"), 400, "gzipped tar"),
+        (serving.http.post("/v1/bundles", content=b"\x1f\x8b" + b"0" * (2 * 2**20)), 413, "over the limit"),
+        (serving.http.post("/v1/functions", json={"yaml": "name: x\nhandler: h:H\n", "bundle": "sha256:" + "0" * 64}),
+         422, "is not uploaded"),
+        (serving.http.post("/v1/functions", json={"yaml": "name: x\nhandler: h:H\n"}), 422, "give exactly one of"),
+        (serving.http.post("/v1/functions", json={"yaml": "name: x\nhandler: h:H\nimage: repo/x:1\n",
+                                                  "source_dir": "/tmp"}), 422, "got source_dir, image"),
+        (serving.http.head("/v1/bundles/sha256:nothex"), 400, None),
     ]
     for reply, status, message in cases:
         assert reply.status_code == status, (reply.request.url, reply.text)
-        assert message in reply.json()["error"], reply.text
+        if message is not None:   # a HEAD answer has no body
+            assert message in reply.json()["error"], reply.text
+
+
+def _oversized(tmp_path: Path) -> Path:
+    """A function folder whose packed size is past the CLI's bundle limit (sparse: no disk used)."""
+    folder = shutil.copytree(FIXTURE_FUNCTIONS / "ok", tmp_path / "oversized")
+    with open(folder / "huge.bin", "wb") as handle:
+        handle.truncate(9 * 2**20)      # past 8x the 1 MiB limit: refused before packing
+    return folder
 
 
 def test_cli_errors_are_one_line_messages(serving, tmp_path: Path) -> None:  # noqa: ANN001
@@ -98,6 +116,7 @@ def test_cli_errors_are_one_line_messages(serving, tmp_path: Path) -> None:  # n
         (["deploy", str(tmp_path / "missing.yaml")], "no such file"),
         (["rm", "ghost"], "not found"),
         (["describe", "ghost"], "not found"),
+        (["deploy", str(_oversized(tmp_path) / "model.yaml")], "over the 1.0 MiB bundle limit; largest files: huge.bin"),
     ]:
         result = serving.cli(*args)
         assert result.returncode == 1, args
