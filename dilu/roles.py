@@ -149,7 +149,8 @@ async def run_gateway(settings: GatewaySettings, on_ready: OnReady | None = None
         return GatewayServices(settings=settings, sessions=sessions, store=store,
                                directory=WorkerDirectory(http), http=http)
 
-    server = uvicorn.Server(uvicorn.Config(create_asgi(build), log_level="warning", access_log=False))
+    server = uvicorn.Server(uvicorn.Config(create_asgi(build), log_level="warning", access_log=False,
+                                           timeout_graceful_shutdown=10))
     try:
         await _serve(server, sock, settings.host, on_ready, [])
     finally:

@@ -128,7 +128,8 @@ class GatewayServices:
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        # Bounded: a stop must never hang on a client library that is slow to give up a read.
+        await asyncio.wait(self._tasks, timeout=5.0) if self._tasks else None
         try:
             await self.flush_activity()
         except Exception:

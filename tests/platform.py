@@ -46,6 +46,7 @@ class Role:
             try:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:
+                _dump_stacks(self.process.pid, self.log_path)
                 self.process.kill()
                 self.process.wait()
         if self.process.stdout:
@@ -53,6 +54,16 @@ class Role:
         if self.log_file:
             self.log_file.close()
         return self.process.returncode
+
+
+def _dump_stacks(pid: int, log_path: Path) -> None:
+    """Appends the stacks of a process that would not stop to its log (when py-spy is there)."""
+    spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
+    if spy is None:
+        return
+    dump = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
+    with open(log_path, "a") as log:
+        log.write("\n==== stacks of a process that did not stop on SIGINT ====\n" + dump.stdout + dump.stderr)
 
 
 def list_lines(stream):  # noqa: ANN001, ANN201

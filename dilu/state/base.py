@@ -115,6 +115,7 @@ async def follow(store: StateStore, channel: Channel, retry_s: float = 0.2,
                 yield {}
             while True:
                 message = await subscription.get(timeout=5.0)
+                _raise_if_cancelled()
                 if message is not None:
                     yield message
         except (asyncio.CancelledError, GeneratorExit):
@@ -128,5 +129,14 @@ async def follow(store: StateStore, channel: Channel, retry_s: float = 0.2,
             if subscription is not None:
                 with contextlib.suppress(Exception, asyncio.TimeoutError):
                     await asyncio.wait_for(subscription.aclose(), 1.0)
+        _raise_if_cancelled()
         await asyncio.sleep(delay)
         delay = min(max_retry_s, delay * 2)
+
+
+def _raise_if_cancelled() -> None:
+    """Re-raises a cancellation a client library swallowed (redis-py's pub/sub can return from a
+    read as if it timed out when the task was cancelled in it): the task was asked to stop."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError()
