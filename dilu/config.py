@@ -65,6 +65,10 @@ class GatewaySettings(CommonSettings):
     port: int = Field(8080, ge=0, le=65535)
     max_request_bytes: int = Field(10 * 1024 * 1024, gt=0, description="Largest accepted invoke body")
     max_bundle_bytes: int = Field(200 * 1024 * 1024, gt=0, description="Largest accepted code bundle (compressed)")
+    admin_key: str | None = Field(None, min_length=24, description="A bootstrap key with the admin scope (not stored); "
+                                                                   "any key turns authentication on")
+    metrics_public: bool = Field(True, description="Serve /metrics without a key (for scrapers inside the network); "
+                                                   "false: it needs the read scope")
     queue_size: int = Field(64, gt=0, description="Requests that may wait per function during a cold start")
     queue_timeout_s: float = Field(60.0, gt=0, description="How long a queued request waits for an instance")
     request_timeout_s: float = Field(300.0, gt=0, description="Upper bound on one forwarded request")
@@ -161,4 +165,5 @@ class CliSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="DILU_", extra="ignore")
 
     url: str = "http://127.0.0.1:8080"
+    api_key: str | None = Field(None, description="Sent as 'Authorization: Bearer <key>' to the gateway")
     max_bundle_bytes: int = Field(200 * 1024 * 1024, gt=0, description="Largest code bundle dilu deploy uploads")

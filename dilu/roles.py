@@ -102,6 +102,34 @@ def _make_agents(settings: WorkerSettings, store, sessions, url_for=None) -> lis
     return agents
 
 
+def is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(settings: GatewaySettings, sessions) -> None:  # noqa: ANN001
+    """A gateway without keys is open: allowed on a loopback address (said in the log), refused
+    on any other (anyone who reaches it could run code on the workers)."""
+    from dilu.db import repo
+
+    with sessions() as session:
+        keys = bool(settings.admin_key) or bool(repo.list_keys(session=session))
+    if keys:
+        return
+    if not is_loopback(settings.host):
+        raise StartupError(f"the gateway would listen on {settings.host}, reachable from other machines, and "
+                           "no API key exists: set DILU_ADMIN_KEY (24+ characters), or create a key with "
+                           "`dilu keys create NAME --scope admin` against a gateway on 127.0.0.1 first")
+    log.warning("no API keys: the gateway is open to anyone who can reach %s (loopback only); "
+                "`dilu keys create admin --scope admin` turns authentication on", settings.host)
+
+
 async def run_all_in_one(settings: AllInOneSettings, on_ready: OnReady | None = None) -> None:
     """`dilu up`: gateway, controller and one worker per device in this process."""
     sock = listen(settings.host, settings.port)
@@ -110,6 +138,7 @@ async def run_all_in_one(settings: AllInOneSettings, on_ready: OnReady | None = 
     await asyncio.to_thread(migrate, url)
     engine = make_engine(url)
     sessions = make_session_factory(engine)
+    await asyncio.to_thread(check_exposure, settings, sessions)
     store = create_store(settings)
     http = create_http_client()
     directory = WorkerDirectory(http)
@@ -142,6 +171,11 @@ async def run_gateway(settings: GatewaySettings, on_ready: OnReady | None = None
     sock = listen(settings.host, settings.port)
     engine = make_engine(settings.effective_database_url)
     sessions = make_session_factory(engine)
+    try:
+        await asyncio.to_thread(check_exposure, settings, sessions)
+    except StartupError:
+        engine.dispose()
+        raise
     store = create_store(settings)
     http = create_http_client()
 

@@ -7,8 +7,9 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from gateway.auth import AuthGate
 from gateway.errors import install_error_handlers
-from gateway.routes import bundles, functions, invoke, system
+from gateway.routes import bundles, functions, invoke, keys, system
 from gateway.services import GatewayServices
 
 
@@ -35,10 +36,12 @@ def create_app(build_services: Callable[[], Awaitable[GatewayServices]],
     app.include_router(bundles.router)
     app.include_router(functions.router)
     app.include_router(invoke.router)
+    app.include_router(keys.router)
     return app
 
 
 def create_asgi(build_services: Callable[[], Awaitable[GatewayServices]],
                 release: Callable[[GatewayServices], Awaitable[None]] | None = None) -> invoke.InvokeFastPath:
-    """The app to serve: the FastAPI app behind the invoke fast path."""
-    return invoke.InvokeFastPath(create_app(build_services, release))
+    """The app to serve: the FastAPI app behind the invoke fast path, both behind the key check."""
+    app = create_app(build_services, release)
+    return AuthGate(invoke.InvokeFastPath(app), lambda: app.state.services)

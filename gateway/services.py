@@ -20,6 +20,7 @@ from dilu.db import repo
 from dilu.default_impl import create_scheduler
 from dilu.messages import READY, Endpoint, FunctionStatus, InstanceRole
 from dilu.state.base import Channel, StateStore, follow
+from gateway.auth import Authenticator
 from gateway.forward import Forwarder
 from gateway.routing import RoutingTable
 from dilu.worker_client import WorkerDirectory
@@ -110,12 +111,14 @@ class GatewayServices:
         self.activity = ActivityRecorder(self.routing)
         self.forwarder = Forwarder()
         self.scheduler = create_scheduler(settings.scheduler)  # admits resizes as placements are admitted
+        self.auth = Authenticator(sessions, settings.admin_key)
         self._tasks: list[asyncio.Task] = []
         self._pending_counts: dict[str, dict[int, int]] = {}
         self._pending_totals: dict[str, int] = {}
 
     async def start(self) -> None:
         await self.forwarder.start()
+        await self.auth.refresh()
         await self.functions.refresh()
         self.routing.replace_all(await self.current_routes())
         self._tasks = [
@@ -165,6 +168,7 @@ class GatewayServices:
         await self.functions.refresh(message.get("function"))
 
     async def _refresh_all(self) -> None:
+        await self.auth.refresh()
         await self.functions.refresh()
         self.routing.replace_all(await self.current_routes())
 

@@ -12,9 +12,10 @@ class CliError(Exception):
 
 
 class GatewayClient:
-    def __init__(self, base_url: str, timeout: float = 30.0) -> None:
+    def __init__(self, base_url: str, timeout: float = 30.0, api_key: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout)
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers)
 
     def request(self, method: str, path: str, *, expect_json: bool = True, allow_status: tuple[int, ...] = (),
                 **kwargs: Any) -> httpx.Response:

@@ -21,12 +21,15 @@ app = typer.Typer(help="Dilu: serverless deep-learning functions on GPUs.", no_a
                   pretty_exceptions_enable=False, add_completion=False)
 spec_app = typer.Typer(help="The model.yaml function spec.", no_args_is_help=True)
 app.add_typer(spec_app, name="spec")
+keys_app = typer.Typer(help="API keys (the first one turns authentication on).", no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
 out = Console()
 err = Console(stderr=True)
 
 
 def _client(timeout: float = 30.0) -> GatewayClient:
-    return GatewayClient(CliSettings().url, timeout=timeout)
+    settings = CliSettings()
+    return GatewayClient(settings.url, timeout=timeout, api_key=settings.api_key)
 
 
 def _fail(message: str) -> None:
@@ -77,19 +80,19 @@ def up(
     async def ready(url: str) -> None:
         out.print(f"Dilu is up at {url}  (state in {settings.home}; Ctrl-C stops it)", highlight=False)
         if demo:
-            await asyncio.to_thread(_deploy_examples, url)
+            await asyncio.to_thread(_deploy_examples, url, CliSettings().api_key or settings.admin_key)
 
     _run(run_all_in_one(settings, ready))
 
 
-def _deploy_examples(url: str) -> None:
+def _deploy_examples(url: str, api_key: str | None) -> None:
     from dilu.roles import examples_dir
 
     folder = examples_dir()
     if folder is None:
         err.print("no examples folder found; --demo needs a clone of the repository")
         return
-    client = GatewayClient(url)
+    client = GatewayClient(url, api_key=api_key)
     for spec_file in sorted(folder.glob("*/model.yaml")):
         try:
             function = client.json("POST", "/v1/functions", json={
@@ -383,6 +386,45 @@ def events(name: str, limit: Annotated[int, typer.Option()] = 50) -> None:
         _fail(str(exc))
     for e in items:
         out.print(f"{e['at']}  {e['action']:<14} {e['reason']}", highlight=False)
+
+
+@keys_app.command("create")
+def keys_create(
+    name: Annotated[str, typer.Argument(help="Who or what the key is for")],
+    scope: Annotated[list[str], typer.Option("--scope", "-s", help="admin, read, invoke or invoke:<function>; "
+                                                                   "repeatable")],
+) -> None:
+    """Create a key and print it (this once: only its hash is stored)."""
+    try:
+        created = _client().json("POST", "/v1/keys", json={"name": name, "scopes": scope})
+    except CliError as exc:
+        _fail(str(exc))
+    out.print(created["key"], highlight=False, soft_wrap=True)
+    err.print(f"key {created['id']} ({', '.join(created['scopes'])}): keep it, it is not shown again; "
+              "use it with DILU_API_KEY", highlight=False)
+
+
+@keys_app.command("ls")
+def keys_ls() -> None:
+    """Active keys (ids, names, scopes; never the keys)."""
+    try:
+        keys = _client().json("GET", "/v1/keys")
+    except CliError as exc:
+        _fail(str(exc))
+    table = Table("ID", "NAME", "SCOPES", "CREATED")
+    for key in keys:
+        table.add_row(key["id"], key["name"], ", ".join(key["scopes"]), key["created_at"][:19])
+    out.print(table)
+
+
+@keys_app.command("revoke")
+def keys_revoke(key_id: Annotated[str, typer.Argument(help="The key's id (dilu keys ls)")]) -> None:
+    """Revoke a key at once."""
+    try:
+        _client().json("DELETE", f"/v1/keys/{key_id}")
+    except CliError as exc:
+        _fail(str(exc))
+    out.print(f"revoked {key_id}", highlight=False)
 
 
 @app.command()

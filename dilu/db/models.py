@@ -75,6 +75,19 @@ class BundleRow(Base):
     created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
 
 
+class ApiKeyRow(Base):
+    """An API key: its id, a SHA-256 of its secret (the key itself is shown once) and its scopes."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(16), primary_key=True)
+    name: Mapped[str] = mapped_column(String(63))
+    secret_hash: Mapped[str] = mapped_column(String(64))
+    scopes: Mapped[list[str]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
+
+
 class WorkerRow(Base):
     """A worker agent and the device it owns."""
 

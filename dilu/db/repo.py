@@ -9,8 +9,30 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from dilu.db.models import BundleRow, FunctionRow, InstanceRow, ProfileRow, ScalingEventRow, WorkerRow, utcnow
+from dilu.db.models import ApiKeyRow, BundleRow, FunctionRow, InstanceRow, ProfileRow, ScalingEventRow, WorkerRow, utcnow
 from dilu.messages import ACTIVE_STATES, FunctionStatus, WorkerInfo
+
+
+def create_key(*, session: Session, key_id: str, name: str, secret_hash: str, scopes: list[str]) -> ApiKeyRow:
+    row = ApiKeyRow(id=key_id, name=name, secret_hash=secret_hash, scopes=scopes, created_at=utcnow())
+    session.add(row)
+    session.commit()
+    return row
+
+
+def list_keys(*, session: Session, include_revoked: bool = False) -> list[ApiKeyRow]:
+    query = select(ApiKeyRow).order_by(ApiKeyRow.created_at)
+    if not include_revoked:
+        query = query.where(ApiKeyRow.revoked_at.is_(None))
+    return list(session.scalars(query))
+
+
+def revoke_key(*, session: Session, key_id: str) -> bool:
+    """Revokes a key at once; False when no such active key."""
+    result = session.execute(update(ApiKeyRow).where(ApiKeyRow.id == key_id, ApiKeyRow.revoked_at.is_(None))
+                             .values(revoked_at=utcnow()))
+    session.commit()
+    return result.rowcount > 0
 
 
 def put_bundle(*, session: Session, digest: str, data: bytes) -> bool:

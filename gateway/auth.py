@@ -1,0 +1,146 @@
+"""Who is asking: API keys on every route but /healthz (and /metrics unless configured).
+
+Authentication is on once any key exists (in the database, or ``DILU_ADMIN_KEY``); before that
+the platform is open, which only a gateway on a loopback address may be (``roles`` refuses to
+start one on any other address). Keys are read from the database into memory and refreshed
+periodically and on a miss, so checking a key costs no I/O on the hot path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from dilu.db import repo
+from dilu.keys import Need, allows, parse, secret_matches
+
+log = logging.getLogger(__name__)
+MISS_REFRESH_S = 1.0   # a key unknown here is looked up in the database at most this often
+
+
+@dataclass(frozen=True)
+class Denied:
+    """Why a request is refused: 401 (no or bad key) or 403 (a key without the scope)."""
+
+    status: int
+    message: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"www-authenticate": 'Bearer realm="dilu"'} if self.status == 401 else {}
+
+
+class Authenticator:
+    def __init__(self, sessions: sessionmaker[Session], admin_key: str | None = None) -> None:
+        self._sessions = sessions
+        self._admin_key = admin_key
+        self._keys: dict[str, tuple[str, tuple[str, ...]]] = {}   # id -> (secret hash, scopes)
+        self._last_miss_refresh = 0.0
+
+    @property
+    def required(self) -> bool:
+        """Whether callers must present a key (any key exists)."""
+        return bool(self._admin_key) or bool(self._keys)
+
+    def _load(self) -> dict[str, tuple[str, tuple[str, ...]]]:
+        with self._sessions() as session:
+            return {row.id: (row.secret_hash, tuple(row.scopes)) for row in repo.list_keys(session=session)}
+
+    async def refresh(self) -> None:
+        self._keys = await asyncio.to_thread(self._load)
+
+    async def check(self, authorization: str | None, need: Need, function: str | None = None) -> Denied | None:
+        """None when the request may proceed."""
+        if not self.required:
+            return None
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            return Denied(401, "this platform needs an API key: send 'Authorization: Bearer <key>' "
+                               "(the CLI reads DILU_API_KEY)")
+        scopes = await self._scopes_of(token.strip())
+        if scopes is None:
+            return Denied(401, "the API key is not valid (unknown, revoked or mistyped)")
+        if not allows(scopes, need, function):
+            target = f" on {function!r}" if function else ""
+            return Denied(403, f"the API key's scopes ({', '.join(scopes)}) do not allow {need.value}{target}")
+        return None
+
+    async def _scopes_of(self, token: str) -> tuple[str, ...] | None:
+        if self._admin_key and hmac.compare_digest(token.encode(), self._admin_key.encode()):
+            return ("admin",)
+        parsed = parse(token)
+        if parsed is None:
+            return None
+        key_id, secret = parsed
+        if key_id not in self._keys and time.monotonic() - self._last_miss_refresh > MISS_REFRESH_S:
+            self._last_miss_refresh = time.monotonic()   # a key made through another gateway
+            await self.refresh()
+        stored = self._keys.get(key_id)
+        if stored is None or not secret_matches(secret, stored[0]):
+            return None
+        return stored[1]
+
+
+def authorization_header(headers: Mapping[str, str] | list[tuple[bytes, bytes]]) -> str | None:
+    """The Authorization header from a mapping or raw ASGI headers."""
+    if isinstance(headers, list):
+        for key, value in headers:
+            if key == b"authorization":
+                return value.decode("latin-1")
+        return None
+    return headers.get("authorization")
+
+
+OPEN_PATHS = frozenset({"/healthz", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+
+
+def need_for(method: str, path: str, metrics_public: bool) -> tuple[Need | None, str | None]:
+    """What a request needs: (None, None) for open routes, else the scope and, for invokes, the
+    function. One table for every route, checked before anything reads the body."""
+    if path in OPEN_PATHS or (path == "/metrics" and metrics_public):
+        return None, None
+    parts = path.strip("/").split("/")
+    if method == "POST" and len(parts) == 4 and parts[:2] == ["v1", "functions"] and parts[3] == "invoke":
+        return Need.INVOKE, parts[2]
+    if method in ("GET", "HEAD"):
+        if (len(parts) == 4 and parts[:2] == ["v1", "functions"] and parts[3] == "logs") or \
+                parts[:2] in (["v1", "keys"], ["v1", "bundles"]):
+            return Need.ADMIN, None
+        return Need.READ, None
+    return Need.ADMIN, None
+
+
+class AuthGate:
+    """ASGI wrapper: refuses requests whose key does not allow the route, before the app (or the
+    invoke fast path) reads them."""
+
+    def __init__(self, app, services_of) -> None:  # noqa: ANN001
+        self.app = app
+        self._services_of = services_of
+
+    async def __call__(self, scope: dict, receive, send) -> None:  # noqa: ANN001
+        if scope["type"] == "http":
+            services = self._services_of()
+            need, function = need_for(scope["method"], scope["path"], services.settings.metrics_public)
+            if need is not None:
+                denied = await services.auth.check(authorization_header(scope["headers"]), need, function)
+                if denied is not None:
+                    await _send_denied(send, denied)
+                    return
+        await self.app(scope, receive, send)
+
+
+async def _send_denied(send, denied: Denied) -> None:  # noqa: ANN001
+    import json
+
+    body = json.dumps({"error": denied.message}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(k.encode(), v.encode()) for k, v in denied.headers.items()]
+    await send({"type": "http.response.start", "status": denied.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
