@@ -28,6 +28,13 @@ class CommonSettings(BaseSettings):
     redis_prefix: str = Field("dilu:", description="Prefix of every Redis key and channel")
     scheduler: str = Field("dilu", description="dilu | exclusive | static-limits | request-only (placement "
                                                "and the admission of resizes)")
+    cluster_key: str | None = Field(None, min_length=24, description="Shared secret of the roles: workers take "
+                                                                     "orders only from callers that send it")
+
+    @field_validator("cluster_key", mode="before")
+    @classmethod
+    def _unset_when_empty(cls, value: str | None) -> str | None:
+        return value or None   # compose passes unset variables as empty strings
 
     @field_validator("database_url")
     @classmethod
@@ -67,6 +74,11 @@ class GatewaySettings(CommonSettings):
     max_bundle_bytes: int = Field(200 * 1024 * 1024, gt=0, description="Largest accepted code bundle (compressed)")
     admin_key: str | None = Field(None, min_length=24, description="A bootstrap key with the admin scope (not stored); "
                                                                    "any key turns authentication on")
+    @field_validator("admin_key", mode="before")
+    @classmethod
+    def _no_empty_key(cls, value: str | None) -> str | None:
+        return value or None
+
     metrics_public: bool = Field(True, description="Serve /metrics without a key (for scrapers inside the network); "
                                                    "false: it needs the read scope")
     queue_size: int = Field(64, gt=0, description="Requests that may wait per function during a cold start")

@@ -141,7 +141,7 @@ async def run_all_in_one(settings: AllInOneSettings, on_ready: OnReady | None = 
     await asyncio.to_thread(check_exposure, settings, sessions)
     store = create_store(settings)
     http = create_http_client()
-    directory = WorkerDirectory(http)
+    directory = WorkerDirectory(http, settings.cluster_key)
     agents = _make_agents(settings, store, sessions)
     await asyncio.gather(*(agent.adopt() for agent in agents))
     for agent in agents:
@@ -181,7 +181,7 @@ async def run_gateway(settings: GatewaySettings, on_ready: OnReady | None = None
 
     async def build() -> GatewayServices:
         return GatewayServices(settings=settings, sessions=sessions, store=store,
-                               directory=WorkerDirectory(http), http=http)
+                               directory=WorkerDirectory(http, settings.cluster_key), http=http)
 
     server = uvicorn.Server(uvicorn.Config(create_asgi(build), log_level="warning", access_log=False,
                                            timeout_graceful_shutdown=10))
@@ -197,7 +197,8 @@ async def run_controller(settings: ControllerSettings) -> None:
     engine = make_engine(settings.effective_database_url)
     store = create_store(settings)
     http = create_http_client()
-    reconciler = Reconciler(sessions=make_session_factory(engine), store=store, directory=WorkerDirectory(http),
+    reconciler = Reconciler(sessions=make_session_factory(engine), store=store,
+                            directory=WorkerDirectory(http, settings.cluster_key),
                             scheduler=create_scheduler(settings.scheduler), settings=settings)
     try:
         await reconciler.run()
@@ -211,6 +212,10 @@ async def run_controller(settings: ControllerSettings) -> None:
 async def run_worker(settings: WorkerSettings, on_ready: OnReady | None = None) -> None:
     """One agent per device, each with its HTTP API on ``port``, ``port + 1``, ... (or each on a
     free port with ``port`` 0), registered in the database with the address others reach it at."""
+    if not settings.cluster_key and not is_loopback(settings.host):
+        raise StartupError(f"the worker would listen on {settings.host}, reachable from other machines, without "
+                           "DILU_CLUSTER_KEY: anyone could start code on it. Set the same DILU_CLUSTER_KEY "
+                           "(24+ characters) on every role")
     devices = len(discover_devices(settings.gpus, settings.fake_gpus))
     socks = [listen(settings.host, settings.port + i if settings.port else 0) for i in range(devices)]
     engine = make_engine(settings.effective_database_url)
@@ -224,7 +229,8 @@ async def run_worker(settings: WorkerSettings, on_ready: OnReady | None = None) 
         await asyncio.to_thread(_register, sessions, [agent.info for agent in agents])
     except Exception as exc:  # noqa: BLE001 - the controller registers it from heartbeats too
         log.warning("could not register the worker in the database: %s", exc)
-    servers = [uvicorn.Server(uvicorn.Config(create_worker_api(agent), log_level="warning", access_log=False))
+    servers = [uvicorn.Server(uvicorn.Config(create_worker_api(agent, settings.cluster_key), log_level="warning",
+                                             access_log=False))
                for agent in agents]
     background = [asyncio.create_task(agent.run()) for agent in agents]
     background += [asyncio.create_task(server.serve(sockets=[sock])) for server, sock in zip(servers[1:], socks[1:])]

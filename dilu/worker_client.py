@@ -55,13 +55,15 @@ class InProcessWorkerClient:
 class HttpWorkerClient:
     """For roles on different hosts: the worker's HTTP API (worker/api.py)."""
 
-    def __init__(self, base_url: str, http: httpx.AsyncClient) -> None:
+    def __init__(self, base_url: str, http: httpx.AsyncClient, cluster_key: str | None = None) -> None:
         self._base = base_url.rstrip("/")
         self._http = http
+        # Sent per call, never as the shared client's default: that client also reaches instances.
+        self._headers = {"authorization": f"Bearer {cluster_key}"} if cluster_key else {}
 
     async def _call(self, method: str, path: str, **kwargs) -> httpx.Response:  # noqa: ANN003
         try:
-            response = await self._http.request(method, self._base + path, **kwargs)
+            response = await self._http.request(method, self._base + path, headers=self._headers, **kwargs)
         except httpx.HTTPError as exc:
             raise WorkerUnavailable(f"worker at {self._base} unreachable: {exc}") from exc
         if response.status_code >= 400:
@@ -93,8 +95,9 @@ class HttpWorkerClient:
 class WorkerDirectory:
     """Finds the client for a worker: the in-process agent when local, else its HTTP API."""
 
-    def __init__(self, http: httpx.AsyncClient) -> None:
+    def __init__(self, http: httpx.AsyncClient, cluster_key: str | None = None) -> None:
         self._http = http
+        self._cluster_key = cluster_key
         self._local: dict[str, WorkerClient] = {}
 
     def register_local(self, worker_id: str, client: WorkerClient) -> None:
@@ -104,5 +107,5 @@ class WorkerDirectory:
         if worker_id in self._local:
             return self._local[worker_id]
         if url:
-            return HttpWorkerClient(url, self._http)
+            return HttpWorkerClient(url, self._http, self._cluster_key)
         return None

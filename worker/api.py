@@ -4,14 +4,29 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import FastAPI, Query
-from fastapi.responses import PlainTextResponse
+import hmac
+
+from fastapi import FastAPI, Query, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
 
 from dilu.messages import StartInstance
 
 
-def create_worker_api(agent) -> FastAPI:  # noqa: ANN001 - WorkerAgent
+def create_worker_api(agent, cluster_key: str | None = None) -> FastAPI:  # noqa: ANN001 - WorkerAgent
+    """The API; with ``cluster_key`` every call must carry it (``Authorization: Bearer``): a
+    start order runs code, so only the controller and gateways may give one."""
     app = FastAPI(title="Dilu worker", version="0.1.0")
+
+    if cluster_key:
+        expected = f"Bearer {cluster_key}".encode()
+
+        @app.middleware("http")
+        async def only_the_cluster(request: Request, call_next):  # noqa: ANN001, ANN202
+            given = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                return JSONResponse({"error": "this worker takes orders only from its cluster "
+                                              "(DILU_CLUSTER_KEY)"}, status_code=401)
+            return await call_next(request)
 
     @app.get("/v1/info")
     async def info() -> dict[str, Any]:

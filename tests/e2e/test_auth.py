@@ -99,3 +99,12 @@ def test_exposed_gateway_needs_keys(tmp_path: Path) -> None:
             assert http.get("/v1/status", headers=bearer("k" * 32)).status_code == 200
     finally:
         role.stop()
+
+
+def test_exposed_worker_needs_the_cluster_key(tmp_path: Path) -> None:
+    import os
+
+    env = {"DILU_HOME": str(tmp_path / "home"), "DILU_HOST": "0.0.0.0", "DILU_PORT": "0", "DILU_GPUS": "none"}
+    refused = subprocess.run([dilu_executable(), "worker"], env={**os.environ, **env}, capture_output=True,
+                             text=True, timeout=120)
+    assert refused.returncode == 1 and "DILU_CLUSTER_KEY" in refused.stderr and "Traceback" not in refused.stderr

@@ -28,7 +28,7 @@ scaling: {min_instances: 3, max_instances: 3, keep_alive_s: 600}
 
 def test_two_hosts(tmp_path: Path, postgres_url: str, redis_prefix: str) -> None:
     env = {"DILU_DATABASE_URL": postgres_url, "DILU_REDIS_URL": REDIS_URL, "DILU_REDIS_PREFIX": redis_prefix,
-           "DILU_GPUS": "none"}
+           "DILU_GPUS": "none", "DILU_CLUSTER_KEY": "cluster-secret-" + "x" * 16}
     migrated = subprocess.run([dilu_executable(), "migrate"], env={**os.environ, **env}, capture_output=True,
                               text=True, timeout=120)
     assert migrated.returncode == 0, migrated.stderr
@@ -41,6 +41,9 @@ def test_two_hosts(tmp_path: Path, postgres_url: str, redis_prefix: str) -> None
                 "DILU_WORKER_NAME": name, "DILU_FAKE_GPUS": str(gpus)}, tmp_path / f"{name}.log"))
         for role, (address, _) in zip(roles, hosts.values()):
             assert urlsplit(role.url).hostname == address and urlsplit(role.url).port not in (None, 0)
+            # A worker takes orders only from callers with the cluster key.
+            refused = httpx.get(f"{role.url}/v1/instances", timeout=10)
+            assert refused.status_code == 401 and "DILU_CLUSTER_KEY" in refused.json()["error"]
         roles.append(start_role(["controller"], {**env, "DILU_HOME": str(tmp_path / "ctl")},
                                 tmp_path / "controller.log", wait_for_url=False))
         gateway = start_role(["gateway"], {**env, "DILU_HOME": str(tmp_path / "gw"), "DILU_PORT": "0"},

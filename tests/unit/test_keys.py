@@ -1,0 +1,70 @@
+"""API keys: format, scopes, and which scope each route needs."""
+
+from __future__ import annotations
+
+import pytest
+
+from dilu.keys import Need, allows, check_scopes, hash_secret, new_key, parse, secret_matches
+from dilu.roles import is_loopback
+from gateway.auth import need_for
+
+
+def test_a_new_key_parses_and_matches_only_its_hash() -> None:
+    key_id, stored, key = new_key()
+    parsed = parse(key)
+    assert parsed is not None and parsed[0] == key_id
+    assert secret_matches(parsed[1], stored) and not secret_matches(parsed[1] + "x", stored)
+    assert stored == hash_secret(parsed[1]) and parsed[1] not in stored
+    assert parse("dilu_xyz_abc") is None and parse(key + "!") is None
+
+
+@pytest.mark.parametrize(("scopes", "need", "function", "allowed"), [
+    (["admin"], Need.ADMIN, None, True),
+    (["admin"], Need.INVOKE, "fn", True),
+    (["read"], Need.READ, None, True),
+    (["read"], Need.ADMIN, None, False),
+    (["read"], Need.INVOKE, "fn", False),
+    (["invoke"], Need.INVOKE, "fn", True),
+    (["invoke"], Need.READ, None, False),
+    (["invoke:fn"], Need.INVOKE, "fn", True),
+    (["invoke:fn"], Need.INVOKE, "fn-2", False),
+    (["invoke:fn", "read"], Need.READ, None, True),
+])
+def test_scopes(scopes: list[str], need: Need, function: str | None, allowed: bool) -> None:
+    assert allows(scopes, need, function) is allowed
+
+
+@pytest.mark.parametrize("bad", [[], ["root"], ["invoke:"], ["invoke:Bad_Name"], ["read", "write"]])
+def test_unknown_scopes_are_refused(bad: list[str]) -> None:
+    with pytest.raises(ValueError):
+        check_scopes(bad)
+
+
+@pytest.mark.parametrize(("method", "path", "need", "function"), [
+    ("GET", "/healthz", None, None),
+    ("GET", "/openapi.json", None, None),
+    ("GET", "/metrics", None, None),
+    ("POST", "/v1/functions/resnet/invoke", Need.INVOKE, "resnet"),
+    ("GET", "/v1/functions", Need.READ, None),
+    ("GET", "/v1/functions/resnet/events", Need.READ, None),
+    ("GET", "/v1/functions/resnet/logs", Need.ADMIN, None),
+    ("GET", "/v1/keys", Need.ADMIN, None),
+    ("HEAD", "/v1/bundles/sha256:00", Need.ADMIN, None),
+    ("POST", "/v1/functions", Need.ADMIN, None),
+    ("DELETE", "/v1/functions/resnet", Need.ADMIN, None),
+    ("PATCH", "/v1/functions/resnet/slice", Need.ADMIN, None),
+    ("POST", "/v1/functions/a/b/invoke", Need.ADMIN, None),
+])
+def test_every_route_needs_a_scope(method: str, path: str, need: Need | None, function: str | None) -> None:
+    assert need_for(method, path, metrics_public=True) == (need, function)
+
+
+def test_metrics_can_need_a_key() -> None:
+    assert need_for("GET", "/metrics", metrics_public=False) == (Need.READ, None)
+
+
+@pytest.mark.parametrize(("host", "loopback"), [("127.0.0.1", True), ("127.0.0.3", True), ("::1", True),
+                                                ("localhost", True), ("0.0.0.0", False), ("10.0.0.5", False),
+                                                ("gpu-7.internal", False)])
+def test_loopback(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback
