@@ -72,6 +72,7 @@ class GatewaySettings(CommonSettings):
     port: int = Field(8080, ge=0, le=65535)
     max_request_bytes: int = Field(10 * 1024 * 1024, gt=0, description="Largest accepted invoke body")
     max_bundle_bytes: int = Field(200 * 1024 * 1024, gt=0, description="Largest accepted code bundle (compressed)")
+    max_api_body_bytes: int = Field(1024 * 1024, gt=0, description="Largest body of the other API calls (deploys, keys)")
     admin_key: str | None = Field(None, min_length=24, description="A bootstrap key with the admin scope (not stored); "
                                                                    "any key turns authentication on")
     @field_validator("admin_key", mode="before")

@@ -14,6 +14,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from dilu.limits import LimitExceeded, check_yaml
+
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 HANDLER_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
 _MEMORY_UNITS = {
@@ -41,7 +43,7 @@ def parse_memory(value: int | str) -> int:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False)
 
 
 class Slo(_Strict):
@@ -52,8 +54,8 @@ class Resources(_Strict):
     memory: int = Field(2 * 2**30, description="Memory slice in bytes; accepts 512Mi, 2Gi, ...")
     gpu: bool | Literal["auto"] = Field(
         "auto", description="true: needs a GPU; false: CPU only; auto: a GPU when one is free")
-    sm_request: float | None = Field(None, gt=0, le=1, description="Pinned guaranteed compute share")
-    sm_limit: float | None = Field(None, gt=0, le=1, description="Pinned burst compute share")
+    sm_request: float | None = Field(None, ge=0.01, le=1, description="Pinned guaranteed compute share (0.01-1)")
+    sm_limit: float | None = Field(None, ge=0.01, le=1, description="Pinned burst compute share (0.01-1)")
 
     @field_validator("memory", mode="before")
     @classmethod
@@ -172,8 +174,11 @@ def _describe(error: dict, lines: dict[tuple, int]) -> str:
 def make_spec(user_yaml: str, defaults: ClusterDefaults | None = None) -> FunctionSpec:
     """Parses and validates ``user_yaml``; ``defaults`` fill what the user left out."""
     try:
+        root = check_yaml(user_yaml)
         document = yaml.safe_load(user_yaml)
-        lines = _line_index(yaml.compose(user_yaml))
+        lines = _line_index(root)
+    except LimitExceeded as exc:
+        raise SpecError([f"spec: {exc}"]) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -9,6 +9,7 @@ from fastapi import FastAPI
 
 from gateway.auth import AuthGate
 from gateway.errors import install_error_handlers
+from gateway.limits import BodyLimits
 from gateway.routes import bundles, functions, invoke, keys, system
 from gateway.services import GatewayServices
 
@@ -44,4 +45,8 @@ def create_asgi(build_services: Callable[[], Awaitable[GatewayServices]],
                 release: Callable[[GatewayServices], Awaitable[None]] | None = None) -> invoke.InvokeFastPath:
     """The app to serve: the FastAPI app behind the invoke fast path, both behind the key check."""
     app = create_app(build_services, release)
-    return AuthGate(invoke.InvokeFastPath(app), lambda: app.state.services)
+    def services() -> GatewayServices:
+        return app.state.services
+
+    limited = BodyLimits(app, lambda: services().settings)
+    return AuthGate(invoke.InvokeFastPath(limited, services), services)

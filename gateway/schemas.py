@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class DeployRequest(BaseModel):
@@ -22,8 +22,10 @@ class DeployRequest(BaseModel):
 class SliceUpdate(BaseModel):
     """A new compute slice for every instance of a function (vertical scaling)."""
 
-    sm_request: float = Field(..., gt=0, le=1)
-    sm_limit: float = Field(..., gt=0, le=1)
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    sm_request: float = Field(..., ge=0.01, le=1, description="Guaranteed compute share; at most sm_limit")
+    sm_limit: float = Field(..., ge=0.01, le=1, description="Burst compute share")
 
     @model_validator(mode="after")
     def _request_within_limit(self) -> "SliceUpdate":

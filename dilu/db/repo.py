@@ -58,24 +58,40 @@ def get_bundle_data(*, session: Session, digest: str) -> bytes | None:
 
 def upsert_function(*, session: Session, spec: dict, source_dir: str,
                     bundle: str | None = None) -> tuple[FunctionRow, bool]:
-    """Creates the function or replaces its spec with a new version; returns (row, created)."""
-    now = utcnow()
-    row = session.get(FunctionRow, spec["name"])
-    created = row is None
-    if row is None:
-        row = FunctionRow(name=spec["name"], version=1, spec=spec, source_dir=source_dir, bundle=bundle,
-                          status=FunctionStatus.DEPLOYING.value, created_at=now, updated_at=now, requests_total=0)
-        session.add(row)
-    else:
-        row.version += 1
-        row.spec = spec
-        row.source_dir = source_dir
-        row.bundle = bundle
-        row.status = FunctionStatus.DEPLOYING.value
-        row.error = None
-        row.updated_at = now
-    session.commit()
-    return row, created
+    """Creates the function or replaces its spec with a new version; returns (row, created).
+
+    Safe under concurrent deploys of one name: the version is incremented in the database by one
+    atomic UPDATE (the row is locked until commit), and a create that loses the race to another
+    create becomes an update, so every caller gets a version that exists and versions have no gaps."""
+    for _ in range(5):
+        now = utcnow()
+        version = session.execute(
+            update(FunctionRow).where(FunctionRow.name == spec["name"])
+            .values(version=FunctionRow.version + 1, spec=spec, source_dir=source_dir, bundle=bundle,
+                    status=FunctionStatus.DEPLOYING.value, error=None, updated_at=now)
+            .returning(FunctionRow.version)).scalar_one_or_none()
+        if version is not None:
+            session.commit()
+            return _as_written(session, spec["name"], version, spec), False
+        session.add(FunctionRow(name=spec["name"], version=1, spec=spec, source_dir=source_dir, bundle=bundle,
+                                status=FunctionStatus.DEPLOYING.value, created_at=now, updated_at=now,
+                                requests_total=0))
+        try:
+            session.commit()
+        except IntegrityError:   # created by a concurrent deploy: update it instead
+            session.rollback()
+            continue
+        return _as_written(session, spec["name"], 1, spec), True
+    raise RuntimeError(f"could not write function {spec['name']!r} (concurrent deploys kept colliding)")
+
+
+def _as_written(session: Session, name: str, version: int, spec: dict) -> FunctionRow:
+    """The row as this call wrote it (a concurrent deploy may already have written a newer
+    version), detached so that nothing flushes it back."""
+    row = session.get(FunctionRow, name, populate_existing=True)
+    session.expunge(row)
+    row.version, row.spec = version, spec
+    return row
 
 
 def set_function_slice(*, session: Session, name: str, sm_request: float, sm_limit: float) -> FunctionRow | None:

@@ -17,6 +17,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from dilu.instance_protocol import is_loading
+from dilu.limits import LimitExceeded, check_json_depth, reject_constant
 from dilu.messages import FunctionStatus
 from gateway.forward import InstanceFailed, InstanceTimeout, NotDelivered
 from gateway.metrics import LATENCY, REQUESTS
@@ -100,8 +101,11 @@ async def _invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
     except _TooLarge:
         return _error(413, f"request body exceeds the limit of {settings.max_request_bytes} bytes")
     try:
-        json.loads(body)
-    except ValueError as exc:
+        check_json_depth(body)
+        json.loads(body, parse_constant=reject_constant)
+    except LimitExceeded as exc:
+        return _error(400, f"request body: {exc}")
+    except (ValueError, RecursionError) as exc:
         return _error(400, f"request body is not valid JSON: {exc}")
 
     services.activity.started(name)
@@ -181,8 +185,9 @@ async def invoke(name: str, request: Request) -> Response:
 class InvokeFastPath:
     """ASGI wrapper: ``POST /v1/functions/{name}/invoke`` straight to ``handle_invoke``."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, services_of: Callable[[], GatewayServices]) -> None:
         self.app = app
+        self._services_of = services_of
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
@@ -207,7 +212,7 @@ class InvokeFastPath:
                 return b"", False
             return message.get("body", b""), message.get("more_body", False)
 
-        outcome = await handle_invoke(self.app.state.services, name, next_chunk, content_length)
+        outcome = await handle_invoke(self._services_of(), name, next_chunk, content_length)
         headers = [(b"content-type", outcome.content_type.encode("latin-1")),
                    (b"content-length", str(len(outcome.body)).encode())]
         headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in outcome.headers.items()]

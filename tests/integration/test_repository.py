@@ -99,3 +99,24 @@ def test_prune_keeps_the_newest_ended_instances(sessions) -> None:  # noqa: ANN0
         repo.create_instance(session=session, row=_instance("live"))
         repo.prune_instances(session=session, keep_ended=2)
         assert sorted(r.id for r in repo.list_instances(session=session)) == ["i3", "i4", "live"]
+
+
+def test_concurrent_deploys_of_one_name_get_every_version_once(sessions) -> None:  # noqa: ANN001
+    from concurrent.futures import ThreadPoolExecutor
+    from threading import Barrier
+
+    spec = {"name": "race", "handler": "h:H"}
+    start = Barrier(10)
+
+    def deploy(n: int) -> tuple[int, bool]:
+        start.wait()
+        with sessions() as session:
+            row, created = repo.upsert_function(session=session, spec={**spec, "model": {"n": n}}, source_dir="/x")
+            return row.version, created
+
+    with ThreadPoolExecutor(10) as pool:
+        results = list(pool.map(deploy, range(10)))
+    assert sorted(version for version, _ in results) == list(range(1, 11))   # no gaps, no repeats
+    assert [created for _, created in results].count(True) == 1
+    with sessions() as session:
+        assert repo.get_function(session=session, name="race").version == 10

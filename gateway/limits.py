@@ -1,0 +1,60 @@
+"""Size and nesting limits on the API's own request bodies (invokes and bundles have theirs)."""
+
+from __future__ import annotations
+
+import json
+
+from dilu.limits import LimitExceeded, check_json_depth
+
+EXEMPT_PREFIXES = ("/v1/bundles",)   # streamed with their own limit (DILU_MAX_BUNDLE_BYTES)
+
+
+class BodyLimits:
+    """ASGI wrapper: a body over ``max_bytes`` is answered 413, JSON nested too deep 400, before
+    the framework parses it (its parser would recurse until the interpreter gives up)."""
+
+    def __init__(self, app, settings_of) -> None:  # noqa: ANN001
+        self.app = app
+        self._settings_of = settings_of
+
+    async def __call__(self, scope: dict, receive, send) -> None:  # noqa: ANN001
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH") or \
+                scope["path"].startswith(EXEMPT_PREFIXES):
+            await self.app(scope, receive, send)
+            return
+        limit = self._settings_of().max_api_body_bytes
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                await _reply(send, 413, f"request body is over the limit of {limit} bytes (DILU_MAX_API_BODY_BYTES)")
+                return
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        try:
+            check_json_depth(body)
+        except LimitExceeded as exc:
+            await _reply(send, 400, f"request body: {exc}")
+            return
+        replayed = False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+
+async def _reply(send, status: int, message: str) -> None:  # noqa: ANN001
+    body = json.dumps({"error": message}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
