@@ -11,7 +11,7 @@ from dilu.slices import Slice
 from dilu.snapshot import build_snapshot, check_resize
 from dilu.db import repo
 from dilu.db.models import FunctionRow, InstanceRow, utcnow
-from dilu.messages import FAILED, STARTING, STOPPING, InstanceRole, StartInstance, WorkerInfo
+from dilu.messages import FAILED, STARTING, STOPPING, FunctionStatus, InstanceRole, StartInstance, WorkerInfo
 from dilu.policy.scheduler import PlacementRequest, Scheduler
 from dilu.worker_client import WorkerUnavailable
 
@@ -39,6 +39,7 @@ class Actuator:
             if self._last_unschedulable.get(function.name) != message:
                 self._last_unschedulable[function.name] = message
                 await self.ctx.event(function.name, "unschedulable", message)
+            await self._fail_if_never_placeable(function, request, live, functions)
             return None
         self._last_unschedulable.pop(function.name, None)
         info = next(w for w in live if w.id == decision.devices[0])
@@ -66,6 +67,20 @@ class Actuator:
             await self.ctx.db(repo.update_instance, instance_id=instance_id, endpoint=status.endpoint)
             row.endpoint = status.endpoint
         return row
+
+    async def _fail_if_never_placeable(self, function: FunctionRow, request: PlacementRequest,
+                                       live: Sequence[WorkerInfo], functions) -> None:  # noqa: ANN001
+        """A new version that would not fit even on empty workers (too much memory, a GPU where
+        there is none) fails at once with the reason, instead of waiting for ever; its invokes
+        are then answered 503 straight away. Without any live worker it waits for one."""
+        if not live or function.status != FunctionStatus.DEPLOYING:
+            return
+        alone = self.scheduler.place(request, build_snapshot(live, [], functions))
+        if alone.ok:
+            return
+        reason = f"no worker can ever hold an instance: {alone.reason}"
+        await self.ctx.event(function.name, "failed", reason)
+        await self.ctx.set_status(function.name, function.version, FunctionStatus.FAILED, reason)
 
     async def stop(self, row: InstanceRow, reason: str, *, now: bool = False) -> None:
         """Marks the instance stopping; the worker is told after the new routes are out (unless ``now``)."""

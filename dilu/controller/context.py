@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from dilu.db import repo
@@ -48,6 +49,11 @@ class ControllerContext:
         async def guarded() -> None:
             try:
                 await coroutine
+            except asyncio.CancelledError:
+                pass
+            except IntegrityError:
+                # Its function was deleted under it (foreign keys): nothing left to do.
+                log.info("a background task's function was deleted meanwhile")
             except Exception:
                 log.exception("background controller task failed")
             self.wake.set()

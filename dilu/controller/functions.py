@@ -119,10 +119,12 @@ class FunctionManager:
             concurrency_per_instance=2 * spec.batching.max_batch_size, lazy_desired=lazy,
             lazy_reason=lazy_reason, keep=keep.verdict, keep_reason=keep.reason))
 
-    def forget_except(self, names: set[str]) -> None:
-        """Drops the policy state of functions that no longer exist."""
+    def forget_except(self, current: set[tuple[str, int]]) -> None:
+        """Drops the policy state and the profiling jobs of functions (versions) that no longer exist."""
+        names = {name for name, _ in current}
         for name in [n for n in self._memory if n not in names]:
             del self._memory[name]
+        self.profiling.cancel_except(current)
 
 
 def _at_limits(current: list[InstanceRow], telemetry: dict) -> bool:

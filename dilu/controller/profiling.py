@@ -66,6 +66,16 @@ class ProfilingJobs:
         await self.ctx.event(function.name, "profile", "profiling restarts (no job was running it)")
         self.start(function, live)
 
+    def cancel_except(self, versions: set[tuple[str, int]]) -> None:
+        """Stops the jobs of versions that are gone (deleted or replaced): their instances are
+        stopped as orphans, and nothing is written for a function that no longer exists."""
+        for key, task in list(self._jobs.items()):
+            if key not in versions:
+                if not task.done():
+                    log.info("profiling of %s version %d stopped: that version is gone", *key)
+                task.cancel()
+                del self._jobs[key]
+
     def cancel_all(self) -> None:
         """On shutdown: jobs stop where they are; the next controller starts them over."""
         for task in self._jobs.values():

@@ -107,7 +107,7 @@ class Reconciler:
         snapshot = await asyncio.to_thread(self._read_snapshot)
         activity = await self._store.function_activity()
         telemetry = await self._store.telemetry()
-        self.functions.forget_except({f.name for f in snapshot.functions})
+        self.functions.forget_except({(f.name, f.version) for f in snapshot.functions})
         for function in snapshot.functions:
             rows = [r for r in snapshot.instances if r.function == function.name]
             try:

@@ -1,0 +1,54 @@
+"""Deploys an attacker or a careless user would send: ten at once of one new name, one that no
+worker can ever hold, a delete in the middle of profiling. Each gets a clear answer, and the
+platform's log stays free of tracebacks."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from tests.conftest import FIXTURE_FUNCTIONS
+from tests.waiting import eventually
+
+
+def test_concurrent_deploys_impossible_deploys_and_deletes(start_platform, tmp_path: Path) -> None:  # noqa: ANN001
+    # Slow trials, so the delete below lands in the middle of profiling.
+    platform = start_platform(env={"DILU_PROFILING": "true", "DILU_PROFILE_TRIAL_S": "2"})
+    source = shutil.copytree(FIXTURE_FUNCTIONS / "ok", tmp_path / "ok")
+    text = (source / "model.yaml").read_text()
+
+    def deploy(n: int) -> tuple[int, int]:
+        reply = platform.http.post("/v1/functions", json={"yaml": text.replace("name: ok", "name: race")
+                                                          .replace("plain", f"flavour-{n}"),
+                                                          "source_dir": str(source)})
+        return reply.status_code, reply.json().get("version", -1)
+
+    with ThreadPoolExecutor(10) as pool:
+        results = list(pool.map(deploy, range(10)))
+    assert sorted(status for status, _ in results) == [200] * 9 + [201]
+    assert sorted(version for _, version in results) == list(range(1, 11))
+    assert platform.function("race")["version"] == 10
+
+    # A memory slice no worker has: failed at once with the reason; invokes answered 503 at once.
+    huge = text.replace("name: ok", "name: huge").replace("memory: 64Mi", "memory: 64Ti")
+    assert platform.http.post("/v1/functions", json={"yaml": huge, "source_dir": str(source)}).status_code == 201
+    failed = eventually(lambda: (f := platform.function("huge"))["status"] == "failed" and f, timeout=30,
+                        what="the impossible deployment to fail")
+    assert "no worker can ever hold" in failed["error"]
+    started = time.monotonic()
+    reply = platform.invoke("huge", {})
+    assert reply.status_code == 503 and "no worker can ever hold" in reply.json()["error"]
+    assert time.monotonic() - started < 5      # at once, not after the queue's timeout
+
+    # Deleted while profiling: no traceback anywhere.
+    profiled = text.replace("name: ok", "name: doomed")
+    assert platform.http.post("/v1/functions", json={"yaml": profiled, "source_dir": str(source)}).status_code == 201
+    eventually(lambda: platform.function("doomed")["status"] == "profiling", timeout=30, what="profiling")
+    assert platform.http.delete("/v1/functions/doomed").status_code == 200
+    assert platform.http.get("/v1/functions/doomed").status_code == 404
+    eventually(lambda: "profiling of doomed version 1 stopped" in platform.role.log(), timeout=30,
+               what="the deleted function's profiling job to stop")
+    eventually(lambda: platform.function("race")["status"] == "ready", timeout=120, what="the race winner ready")
+    assert "Traceback" not in platform.role.log()
