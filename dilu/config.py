@@ -72,6 +72,8 @@ class GatewaySettings(CommonSettings):
     port: int = Field(8080, ge=0, le=65535)
     max_request_bytes: int = Field(10 * 1024 * 1024, gt=0, description="Largest accepted invoke body")
     max_bundle_bytes: int = Field(200 * 1024 * 1024, gt=0, description="Largest accepted code bundle (compressed)")
+    local_roots: str = Field("", description="Folders (':'-separated) that deploys by local path may name; "
+                                             "empty: deploying by path is off (upload bundles)")
     max_api_body_bytes: int = Field(1024 * 1024, gt=0, description="Largest body of the other API calls (deploys, keys)")
     admin_key: str | None = Field(None, min_length=24, description="A bootstrap key with the admin scope (not stored); "
                                                                    "any key turns authentication on")
@@ -87,6 +89,11 @@ class GatewaySettings(CommonSettings):
     request_timeout_s: float = Field(300.0, gt=0, description="Upper bound on one forwarded request")
     routes_refresh_s: float = Field(2.0, gt=0, description="Full routing-table refresh, beside events")
     stats_flush_s: float = Field(0.5, gt=0, description="How often request counters reach the state store")
+
+
+def path_roots(value: str) -> list[Path]:
+    """The resolved folders of a ':'-separated list."""
+    return [Path(part).expanduser().resolve() for part in value.split(":") if part.strip()]
 
 
 class ControllerSettings(CommonSettings):
@@ -165,11 +172,20 @@ class WorkerSettings(CommonSettings):
         return self.host
 
 
+def _default_local_roots() -> str:
+    """`dilu up` accepts local paths under the folder it was started in and the examples."""
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    return ":".join(str(p) for p in (Path.cwd(), examples) if p.is_dir())
+
+
 class AllInOneSettings(GatewaySettings, ControllerSettings, WorkerSettings):
     """`dilu up`: every role in one process. The gateway's host and port win."""
 
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
+    local_roots: str = Field(default_factory=_default_local_roots,
+                             description="Folders deploys by local path may name (default: the current "
+                                         "folder and the examples)")
 
 
 class CliSettings(BaseSettings):

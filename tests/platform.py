@@ -110,7 +110,9 @@ class Platform:
     def __init__(self, home: Path, env: dict[str, str] | None = None, demo: bool = False) -> None:
         self.home = home
         # Profiling on deploy takes a few seconds of trials; tests that are about it turn it on.
-        self.env = {"DILU_HOME": str(home), "DILU_PROFILING": "false", **(env or {})}
+        self.env = {"DILU_HOME": str(home), "DILU_PROFILING": "false",
+                    # Deploys by path may name the test's own folder and the repository (examples, fixtures).
+                    "DILU_LOCAL_ROOTS": f"{home.parent}:{Path(__file__).resolve().parent.parent}", **(env or {})}
         args = ["up", "--port", "0"] + (["--demo"] if demo else [])
         self.role = start_role(args, self.env, home.parent / f"{home.name}-up.log")
         self.url = self.role.url

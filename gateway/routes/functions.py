@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 from sqlalchemy.orm import Session
 
 from dilu.bundles import has_module, is_digest
+from dilu.config import path_roots
 from dilu.db import repo
 from dilu.db.models import FunctionRow
 from dilu.messages import READY, STARTING, InstanceRole
@@ -60,6 +62,14 @@ def check_code(body: DeployRequest, spec, services) -> None:  # noqa: ANN001
         raise SpecError([f"code: give exactly one of bundle (dilu deploy uploads one), source_dir or the "
                          f"spec's image; got {', '.join(given) or 'none'}"])
     if body.source_dir:
+        roots = path_roots(services.settings.local_roots)
+        if not roots:
+            raise SpecError(["source_dir: deploying by local path is off on this gateway: upload the code as a "
+                             "bundle (dilu deploy does)"])
+        folder = Path(body.source_dir).resolve()
+        if not any(folder == root or folder.is_relative_to(root) for root in roots):
+            raise SpecError([f"source_dir: {body.source_dir!r} is outside the folders local deploys may use "
+                             f"(DILU_LOCAL_ROOTS: {', '.join(str(r) for r in roots)})"])
         check_handler_source(body.source_dir, spec.handler)
     elif body.bundle:
         with services.sessions() as session:

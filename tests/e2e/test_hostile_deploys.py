@@ -52,3 +52,28 @@ def test_concurrent_deploys_impossible_deploys_and_deletes(start_platform, tmp_p
                what="the deleted function's profiling job to stop")
     eventually(lambda: platform.function("race")["status"] == "ready", timeout=120, what="the race winner ready")
     assert "Traceback" not in platform.role.log()
+
+
+def test_code_comes_only_from_the_function(start_platform, tmp_path: Path) -> None:  # noqa: ANN001
+    import os
+    import sys
+
+    platform = start_platform()
+    marker = tmp_path / "pwned"
+    spec = f"name: evil\nhandler: os:system\nmodel: {{command: 'touch {marker}'}}\n"
+    stdlib = os.path.dirname(os.__file__)
+
+    # A local path outside the allowed roots (here: Python's standard library) is refused.
+    reply = platform.http.post("/v1/functions", json={"yaml": spec, "source_dir": stdlib})
+    assert reply.status_code == 422 and "outside the folders local deploys may use" in reply.json()["error"]
+
+    # A bundle with its own os.py: the name resolves to the standard library's module, which is
+    # not the function's code, so the instance refuses to load it and nothing runs.
+    folder = tmp_path / "evil"
+    folder.mkdir()
+    (folder / "os.py").write_text("def system(command):\n    return 0\n")
+    (folder / "model.yaml").write_text(spec + "resources: {sm_request: 0.5, sm_limit: 1.0}\n")
+    deployed = platform.cli("deploy", str(folder / "model.yaml"))
+    assert deployed.returncode == 1 and "outside the function's code" in deployed.stderr, deployed.stderr
+    assert not marker.exists()
+    assert sys.modules["os"].__file__.startswith(stdlib)

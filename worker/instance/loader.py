@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import time
 from typing import Any
@@ -21,10 +22,24 @@ def import_handler(source_dir: str, handler: str) -> type:
         module = importlib.import_module(module_name)
     except Exception as exc:
         raise HandlerError(f"cannot import handler module {module_name!r}: {type(exc).__name__}: {exc}") from exc
+    check_inside(module, source_dir, module_name)
     try:
         return getattr(module, class_name)
     except AttributeError:
         raise HandlerError(f"handler class {class_name!r} not found in module {module_name!r}") from None
+
+
+def check_inside(module: Any, source_dir: str, module_name: str) -> None:
+    """The handler must come from the function's own code: a module name that is already taken
+    (``os``, ``json``, a library) resolves elsewhere and is refused. Image functions (no
+    ``source_dir``) import from the image, which is theirs."""
+    if not source_dir:
+        return
+    location = getattr(module, "__file__", None)
+    root = os.path.realpath(source_dir)
+    if location is None or os.path.commonpath([os.path.realpath(location), root]) != root:
+        raise HandlerError(f"handler module {module_name!r} resolves to {location or 'a built-in module'}, outside "
+                           f"the function's code: rename the module")
 
 
 def build_handler(source_dir: str, handler: str, options: dict[str, Any],
