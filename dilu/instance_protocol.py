@@ -5,7 +5,10 @@ A worker starts an instance process (``python -m worker.instance``) with:
   ``DILU_INSTANCE_CONFIG_JSON``: the same JSON inline (containers, where no file is shared);
 - ``DILU_LISTEN_FD``: an inherited, already-bound listening socket, or ``DILU_LISTEN``:
   ``host:port`` to bind (containers, which cannot inherit a socket);
-- ``DILU_INSTANCE_ID``, ``DILU_FUNCTION``; ``DILU_DEVICE`` (``cuda`` or ``cpu``).
+- ``DILU_INSTANCE_ID``, ``DILU_FUNCTION``; ``DILU_DEVICE`` (``cuda`` or ``cpu``);
+- ``DILU_INSTANCE_KEY``: a secret; the instance serves its routes only under ``/i/<key>``, so
+  its endpoint (``http://host:port/i/<key>``, known to the worker, the controller and the
+  gateways) is a capability: a caller who only found the port gets 404 for every path.
 
 The instance answers ``GET /health`` 200 once ready, and 503 with ``{"loading": true}`` (and the
 ``x-dilu-loading: 1`` header) while it loads, so a caller that reached it early tells "not yet"
@@ -31,6 +34,7 @@ ENV_LISTEN = "DILU_LISTEN"
 ENV_INSTANCE_ID = "DILU_INSTANCE_ID"
 ENV_FUNCTION = "DILU_FUNCTION"
 ENV_DEVICE = "DILU_DEVICE"
+ENV_KEY = "DILU_INSTANCE_KEY"
 
 EXIT_LOAD_FAILED = 3
 ERROR_MARKER = "DILU-ERROR: "
@@ -67,6 +71,7 @@ class InstanceEnvironment:
     listen_fd: int | None
     device: str = "cpu"
     config_json: str | None = None
+    key: str | None = None
     listen: tuple[str, int] | None = None   # (host, port) to bind when no socket is inherited
 
     @classmethod
@@ -77,7 +82,7 @@ class InstanceEnvironment:
         return cls(config_path=environ.get(ENV_CONFIG) or None,
                    listen_fd=int(fd) if fd and fd.isdigit() else None,
                    device=environ.get(ENV_DEVICE) or "cpu",
-                   config_json=environ.get(ENV_CONFIG_JSON) or None,
+                   config_json=environ.get(ENV_CONFIG_JSON) or None, key=environ.get(ENV_KEY) or None,
                    listen=(host.strip("[]"), int(port)) if host and port.isdigit() else None)
 
     def config(self) -> InstanceConfig | None:
@@ -85,6 +90,17 @@ class InstanceEnvironment:
         if self.config_json:
             return InstanceConfig.from_json(self.config_json)
         return InstanceConfig.from_file(self.config_path) if self.config_path else None
+
+
+def new_key() -> str:
+    import secrets
+
+    return secrets.token_urlsafe(18)
+
+
+def route_prefix(key: str | None) -> str:
+    """Where an instance with ``key`` serves its routes."""
+    return f"/i/{key}" if key else ""
 
 
 def is_loading(status: int, headers: Mapping[str, str]) -> bool:

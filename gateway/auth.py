@@ -71,6 +71,13 @@ class Authenticator:
             return Denied(403, f"the API key's scopes ({', '.join(scopes)}) do not allow {need.value}{target}")
         return None
 
+    async def scopes(self, authorization: str | None) -> tuple[str, ...]:
+        """The scopes of an already checked request (everything on an open platform)."""
+        if not self.required:
+            return ("admin",)
+        _, _, token = (authorization or "").partition(" ")
+        return await self._scopes_of(token.strip()) or ()
+
     async def _scopes_of(self, token: str) -> tuple[str, ...] | None:
         if self._admin_key and hmac.compare_digest(token.encode(), self._admin_key.encode()):
             return ("admin",)
@@ -97,6 +104,7 @@ def authorization_header(headers: Mapping[str, str] | list[tuple[bytes, bytes]])
     return headers.get("authorization")
 
 
+SCOPES_KEY = "dilu_scopes"
 OPEN_PATHS = frozenset({"/healthz", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 
 
@@ -129,10 +137,13 @@ class AuthGate:
             services = self._services_of()
             need, function = need_for(scope["method"], scope["path"], services.settings.metrics_public)
             if need is not None:
-                denied = await services.auth.check(authorization_header(scope["headers"]), need, function)
+                header = authorization_header(scope["headers"])
+                denied = await services.auth.check(header, need, function)
                 if denied is not None:
                     await _send_denied(send, denied)
                     return
+                if services.auth.required:   # routes that show more to admins read it here
+                    scope.setdefault("state", {})[SCOPES_KEY] = await services.auth.scopes(header)
         await self.app(scope, receive, send)
 
 
@@ -144,3 +155,9 @@ async def _send_denied(send, denied: Denied) -> None:  # noqa: ANN001
     headers += [(k.encode(), v.encode()) for k, v in denied.headers.items()]
     await send({"type": "http.response.start", "status": denied.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+def is_admin(scope: dict) -> bool:
+    """Whether the request's key has the admin scope (always, on an open platform)."""
+    held = scope.get("state", {}).get(SCOPES_KEY)
+    return held is None or "admin" in held

@@ -17,6 +17,7 @@ from dilu.snapshot import check_resize
 from dilu.source import check_handler_source
 from dilu.spec import ClusterDefaults, SpecError, make_spec, spec_from_dict, spec_to_dict
 from dilu.state.base import Channel
+from gateway.auth import is_admin
 from gateway.deps import ServicesDep, SessionDep
 from gateway.routing import RoutingTable
 from gateway.schemas import DeployRequest, EventPublic, FunctionPublic, InstancePublic, SliceUpdate
@@ -53,6 +54,14 @@ def _existing(session: Session, name: str) -> FunctionRow:
     if row is None:
         raise HTTPException(404, f"function {name!r} not found")
     return row
+
+
+def _without_key(endpoint: str | None) -> str | None:
+    """``http://host:port`` of an instance endpoint, without its secret path."""
+    if not endpoint:
+        return endpoint
+    scheme, _, rest = endpoint.partition("://")
+    return f"{scheme}://{rest.split('/', 1)[0]}"
 
 
 def check_code(body: DeployRequest, spec, services) -> None:  # noqa: ANN001
@@ -136,7 +145,7 @@ async def delete_function(name: str, services: ServicesDep) -> dict[str, str]:
 
 
 @router.get("/{name}/instances", response_model=list[InstancePublic])
-async def list_instances(name: str, services: ServicesDep,
+async def list_instances(name: str, services: ServicesDep, request: Request,
                          all: bool = Query(False, description="Include ended instances")) -> list[InstancePublic]:
     def read():  # noqa: ANN202
         with services.sessions() as session:
@@ -144,12 +153,14 @@ async def list_instances(name: str, services: ServicesDep,
             return repo.list_instances(session=session, function=name, active_only=not all)
 
     rows = await asyncio.to_thread(read)
+    admin = is_admin(request.scope)   # an instance's full endpoint is a capability: admins only
     try:
         telemetry = await services.store.telemetry()
     except Exception:  # noqa: BLE001 - telemetry is best effort; the instances are in the database
         telemetry = {}
     return [InstancePublic(id=r.id, worker_id=r.worker_id, version=r.function_version, state=r.state,
-                           endpoint=r.endpoint, error=r.error, created_at=r.created_at, ready_at=r.ready_at,
+                           endpoint=r.endpoint if admin else _without_key(r.endpoint), error=r.error,
+                           created_at=r.created_at, ready_at=r.ready_at,
                            ended_at=r.ended_at, sm_request=r.sm_request, sm_limit=r.sm_limit, role=r.role,
                            telemetry=telemetry.get(r.id)) for r in rows]
 

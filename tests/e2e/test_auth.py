@@ -56,6 +56,15 @@ def test_keys_and_scopes(start_platform, tmp_path: Path) -> None:  # noqa: ANN00
     for allowed_key in (invoker, ok_only, admin):
         reply = http.post("/v1/functions/ok/invoke", json={"k": 1}, headers=bearer(allowed_key))
         assert reply.status_code == 200 and reply.json()["input"] == {"k": 1}
+    # An instance answers only under its secret path, which only admins are shown: a caller who
+    # found its port cannot bypass the gateway.
+    full = http.get("/v1/functions/ok/instances", headers=bearer(admin)).json()[0]["endpoint"]
+    bare = http.get("/v1/functions/ok/instances", headers=bearer(reader)).json()[0]["endpoint"]
+    assert full.startswith(bare + "/i/") and len(full) > len(bare) + 10
+    assert httpx.post(bare + "/infer", json={"d": 1}).status_code == 404
+    assert httpx.get(bare + "/health").status_code == 404
+    assert httpx.post(full + "/infer", json={"d": 1}).json()["input"] == {"d": 1}
+
     bad_scope = http.post("/v1/keys", json={"name": "x", "scopes": ["root"]}, headers=bearer(admin))
     assert bad_scope.status_code == 422 and "unknown scope 'root'" in bad_scope.json()["error"]
 

@@ -134,8 +134,9 @@ class DockerBackend:
     async def start(self, request: StartInstance, device: DeviceInfo, log_path: Path,
                     extra_env: dict[str, str] | None = None, owner: str = "") -> RunningInstance:
         port = free_port(self._host)
-        endpoint = endpoint_url(self._advertise, port)
-        kwargs = self.run_arguments(request, device, port, extra_env or {})
+        key = protocol.new_key()
+        endpoint = endpoint_url(self._advertise, port) + protocol.route_prefix(key)
+        kwargs = self.run_arguments(request, device, port, {**(extra_env or {}), protocol.ENV_KEY: key})
         kwargs["labels"] = {LABEL_OWNER: owner, LABEL_INSTANCE: request.instance_id,
                             LABEL_FUNCTION: request.function, LABEL_ENDPOINT: endpoint,
                             LABEL_START: json.dumps(request.to_dict(), separators=(",", ":"))}

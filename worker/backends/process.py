@@ -77,7 +77,7 @@ class ProcessBackend:
         self._refill()
 
     def instance_env(self, request: StartInstance, device: DeviceInfo, config_path: Path, fd: int,
-                     extra_env: dict[str, str] | None = None) -> dict[str, str]:
+                     extra_env: dict[str, str] | None = None, key: str = "") -> dict[str, str]:
         env = dict(self._base_env)
         env.update(request.spec.get("env") or {})
         for key, value in (extra_env or {}).items():
@@ -87,6 +87,7 @@ class ProcessBackend:
                 value = f"{value}{separator}{env[key]}"
             env[key] = value
         env.update({
+            protocol.ENV_KEY: key,
             protocol.ENV_CONFIG: str(config_path),
             protocol.ENV_LISTEN_FD: str(fd),
             protocol.ENV_INSTANCE_ID: request.instance_id,
@@ -104,11 +105,12 @@ class ProcessBackend:
             raise RuntimeError(f"function {request.function} names an image ({request.spec['image']}): "
                                "it needs a worker with the docker runtime (DILU_RUNTIME=docker)")
         config_path = self._write_config(request)
+        key = protocol.new_key()
         log_path.parent.mkdir(parents=True, exist_ok=True)
         spare = self._take_spare(request, device, extra_env)
         if spare is not None:
             try:
-                return self._assign(spare, request, device, config_path, log_path, extra_env)
+                return self._assign(spare, request, device, config_path, log_path, extra_env, key)
             finally:
                 self._refill()
         listener = socket.socket(_family(self._host), socket.SOCK_STREAM)
@@ -121,7 +123,7 @@ class ProcessBackend:
             with open(log_path, "ab") as log:
                 process = subprocess.Popen(
                     [self._python, "-m", "worker.instance"],
-                    env=self.instance_env(request, device, config_path, listener.fileno(), extra_env),
+                    env=self.instance_env(request, device, config_path, listener.fileno(), extra_env, key),
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     pass_fds=(listener.fileno(),), start_new_session=True,
                     preexec_fn=_child_setup(self._cpu_group(request, device)), cwd=request.source_dir,
@@ -130,7 +132,8 @@ class ProcessBackend:
             raise RuntimeError(f"cannot start instance process: {exc}") from exc
         finally:
             listener.close()
-        return RunningInstance(endpoint=endpoint_url(self._advertise, port), pid=process.pid, handle=process)
+        return RunningInstance(endpoint=endpoint_url(self._advertise, port) + protocol.route_prefix(key),
+                               pid=process.pid, handle=process)
 
     def _write_config(self, request: StartInstance) -> Path:
         spec = request.spec
@@ -191,19 +194,20 @@ class ProcessBackend:
         return None
 
     def _assign(self, spare: _Spare, request: StartInstance, device: DeviceInfo, config_path: Path,
-                log_path: Path, extra_env: dict[str, str] | None) -> RunningInstance:
+                log_path: Path, extra_env: dict[str, str] | None, key: str) -> RunningInstance:
         procs = self._cpu_group(request, device)
         if procs:
             join_group_of(procs, spare.process.pid)
         os.replace(spare.log_path, log_path)
-        env = self.instance_env(request, device, config_path, spare.fd, extra_env)
+        env = self.instance_env(request, device, config_path, spare.fd, extra_env, key)
         assignment = {"env": env, "cwd": request.source_dir}
         try:
             spare.process.stdin.write((json.dumps(assignment) + "\n").encode())
             spare.process.stdin.close()
         except OSError as exc:
             raise RuntimeError(f"cannot hand the instance to a spare process: {exc}") from exc
-        return RunningInstance(endpoint=spare.endpoint, pid=spare.process.pid, handle=spare.process)
+        return RunningInstance(endpoint=spare.endpoint + protocol.route_prefix(key), pid=spare.process.pid,
+                               handle=spare.process)
 
     def close(self) -> None:
         """Ends the spares (instances are stopped by the worker)."""

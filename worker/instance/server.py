@@ -27,10 +27,10 @@ from concurrent.futures import ThreadPoolExecutor
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 
 from dilu.handler import progress_units
-from dilu.instance_protocol import ERROR_MARKER, EXIT_LOAD_FAILED, LOADING_HEADER, InstanceConfig
+from dilu.instance_protocol import ERROR_MARKER, EXIT_LOAD_FAILED, LOADING_HEADER, InstanceConfig, route_prefix
 from worker.instance.batcher import Batcher, BatchError
 from worker.instance.loader import HandlerError, build_handler
 from worker.instance.metrics import InstanceMetrics
@@ -48,7 +48,7 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
-def create_app(state: RuntimeState, lifespan=None) -> Starlette:  # noqa: ANN001
+def create_app(state: RuntimeState, lifespan=None, prefix: str = "") -> Starlette:  # noqa: ANN001
     async def infer(request: Request) -> Response:
         if not state.ready.is_set() or state.batcher is None:
             return JSONResponse({"error": "instance is still loading", "loading": True}, status_code=503,
@@ -87,12 +87,13 @@ def create_app(state: RuntimeState, lifespan=None) -> Starlette:  # noqa: ANN001
         content, media_type = await asyncio.to_thread(state.metrics.render)
         return Response(content, media_type=media_type)
 
-    return Starlette(lifespan=lifespan, routes=[
+    routes = [
         Route("/infer", infer, methods=["POST"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/progress", progress, methods=["GET"]),
-    ])
+    ]
+    return Starlette(lifespan=lifespan, routes=[Mount(prefix, routes=routes)] if prefix else routes)
 
 
 def _process_start_time() -> float:
@@ -162,7 +163,8 @@ def bind_listener(host: str, port: int) -> socket.socket:
     return listener
 
 
-def serve(config: InstanceConfig, listener: socket.socket, assigned_at: float | None = None) -> None:
+def serve(config: InstanceConfig, listener: socket.socket, assigned_at: float | None = None,
+          key: str | None = None) -> None:
     """Serves on the bound ``listener`` until SIGTERM. ``assigned_at``: when
     a spare process (started and imported ahead of time) was given this instance; its start-up
     marks count from then."""
@@ -180,7 +182,7 @@ def serve(config: InstanceConfig, listener: socket.socket, assigned_at: float | 
         finally:
             task.cancel()
 
-    app = create_app(state, lifespan)
+    app = create_app(state, lifespan, route_prefix(key))
     # A socket object, not uvicorn's fd=: socket(fileno=...) detects the real family (fd= assumes
     # AF_UNIX, which leaves Nagle on for TCP and costs ~40 ms per response through delayed ACKs).
     server = uvicorn.Server(_uvicorn_config(app))
