@@ -29,6 +29,10 @@ from worker.tokens.control import GpuControl
 
 log = logging.getLogger(__name__)
 OnReady = Callable[[str], Awaitable[None]]
+# Idle client connections are kept longer than clients keep them (httpx and many others: 5 s), so
+# a client never sends on a connection the gateway is closing at that moment (the request would
+# fail with no reply); 75 s as common proxies do.
+KEEP_ALIVE_S = 75
 
 
 class StartupError(Exception):
@@ -154,7 +158,7 @@ async def run_all_in_one(settings: AllInOneSettings, on_ready: OnReady | None = 
 
     app = create_asgi(build)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
-                                           timeout_graceful_shutdown=10))
+                                           timeout_graceful_shutdown=10, timeout_keep_alive=KEEP_ALIVE_S))
     background = [asyncio.create_task(agent.run()) for agent in agents]
     background.append(asyncio.create_task(reconciler.run()))
     try:
@@ -184,7 +188,7 @@ async def run_gateway(settings: GatewaySettings, on_ready: OnReady | None = None
                                directory=WorkerDirectory(http, settings.cluster_key), http=http)
 
     server = uvicorn.Server(uvicorn.Config(create_asgi(build), log_level="warning", access_log=False,
-                                           timeout_graceful_shutdown=10))
+                                           timeout_graceful_shutdown=10, timeout_keep_alive=KEEP_ALIVE_S))
     try:
         await _serve(server, sock, settings.host, on_ready, [])
     finally:

@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from gateway.auth import AuthGate
-from gateway.errors import install_error_handlers
+from gateway.errors import errors_in_openapi, install_error_handlers
 from gateway.limits import BodyLimits
 from gateway.routes import bundles, functions, invoke, keys, system
 from gateway.services import GatewayServices
@@ -38,6 +38,7 @@ def create_app(build_services: Callable[[], Awaitable[GatewayServices]],
     app.include_router(functions.router)
     app.include_router(invoke.router)
     app.include_router(keys.router)
+    errors_in_openapi(app)
     return app
 
 

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter, HTTPException, Request, Response
+from fastapi import APIRouter, HTTPException, Path, Request, Response
+from pydantic import BaseModel
 
-from dilu.bundles import digest_of, is_digest
+from dilu.bundles import digest_of
 from dilu.db import repo
 from gateway.deps import ServicesDep
+from gateway.docs import AUTH_ERRORS, SECURED, errors
 
-router = APIRouter(prefix="/v1/bundles", tags=["bundles"])
+class BundleStored(BaseModel):
+    digest: str
+    size: int
+
+
+router = APIRouter(prefix="/v1/bundles", tags=["bundles"], dependencies=SECURED, responses=AUTH_ERRORS)
+DIGEST = Path(..., pattern=r"^sha256:[0-9a-f]{64}$", description="sha256:<64 hex digits>")
 
 
 async def read_limited(request: Request, limit: int) -> bytes:
@@ -28,9 +36,12 @@ async def read_limited(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-@router.post("", status_code=201, responses={
-    200: {"description": "The bundle was stored already"}, 413: {"description": "Over DILU_MAX_BUNDLE_BYTES"}})
-async def upload_bundle(request: Request, response: Response, services: ServicesDep) -> dict:
+@router.post("", status_code=201, response_model=BundleStored, responses={
+    200: {"description": "The bundle was stored already", "model": BundleStored}, **errors(400, 413)},
+    openapi_extra={"requestBody": {"required": True, "description": "The function's folder as a .tar.gz",
+                                   "content": {"application/octet-stream": {"schema": {"type": "string",
+                                                                                       "format": "binary"}}}}})
+async def upload_bundle(request: Request, response: Response, services: ServicesDep) -> BundleStored:
     """Stores a function's packed folder (the raw .tar.gz as the body); answers its digest, which
     a deploy names as ``bundle``."""
     data = await read_limited(request, services.settings.max_bundle_bytes)
@@ -44,14 +55,13 @@ async def upload_bundle(request: Request, response: Response, services: Services
 
     if not await asyncio.to_thread(store):
         response.status_code = 200
-    return {"digest": digest, "size": len(data)}
+    return BundleStored(digest=digest, size=len(data))
 
 
-@router.head("/{digest}", responses={404: {"description": "No such bundle"}})
-async def has_bundle(digest: str, services: ServicesDep) -> Response:
+@router.head("/{digest}", responses={200: {"description": "The bundle is stored (no body)"},
+                                     404: {"description": "No such bundle (no body)"}, **errors(422)})
+async def has_bundle(services: ServicesDep, digest: str = DIGEST) -> Response:
     """200 when the bundle is stored (so an unchanged function's code is not uploaded again)."""
-    if not is_digest(digest):
-        raise HTTPException(400, "a bundle digest looks like sha256:<64 hex digits>")
 
     def exists() -> bool:
         with services.sessions() as session:

@@ -18,11 +18,12 @@ from dilu.source import check_handler_source
 from dilu.spec import ClusterDefaults, SpecError, make_spec, spec_from_dict, spec_to_dict
 from dilu.state.base import Channel
 from gateway.auth import is_admin
+from gateway.docs import AUTH_ERRORS, SECURED, errors
 from gateway.deps import ServicesDep, SessionDep
 from gateway.routing import RoutingTable
 from gateway.schemas import DeployRequest, EventPublic, FunctionPublic, InstancePublic, SliceUpdate
 
-router = APIRouter(prefix="/v1/functions", tags=["functions"])
+router = APIRouter(prefix="/v1/functions", tags=["functions"], dependencies=SECURED, responses=AUTH_ERRORS)
 
 
 def to_public(row: FunctionRow, session: Session, base_url: str,
@@ -91,7 +92,8 @@ def check_code(body: DeployRequest, spec, services) -> None:  # noqa: ANN001
 
 
 @router.post("", response_model=FunctionPublic, status_code=201,
-             responses={200: {"description": "An existing function was updated"}})
+             responses={200: {"description": "An existing function was updated", "model": FunctionPublic},
+                        **errors(400, 413, 422)})
 async def deploy(body: DeployRequest, request: Request, response: Response, services: ServicesDep) -> FunctionPublic:
     """Validates the spec and creates the function, or rolls out a new version of it."""
     defaults = ClusterDefaults()
@@ -126,12 +128,12 @@ def list_functions(request: Request, session: SessionDep, services: ServicesDep)
             for row in repo.list_functions(session=session)]
 
 
-@router.get("/{name}", response_model=FunctionPublic)
+@router.get("/{name}", response_model=FunctionPublic, responses=errors(404, 422))
 def get_function(name: str, request: Request, session: SessionDep, services: ServicesDep) -> FunctionPublic:
     return to_public(_existing(session, name), session, _base_url(request), services.routing)
 
 
-@router.delete("/{name}", status_code=200)
+@router.delete("/{name}", status_code=200, responses=errors(404, 422))
 async def delete_function(name: str, services: ServicesDep) -> dict[str, str]:
     def remove() -> bool:
         with services.sessions() as session:
@@ -144,7 +146,7 @@ async def delete_function(name: str, services: ServicesDep) -> dict[str, str]:
     return {"deleted": name}
 
 
-@router.get("/{name}/instances", response_model=list[InstancePublic])
+@router.get("/{name}/instances", response_model=list[InstancePublic], responses=errors(404, 422))
 async def list_instances(name: str, services: ServicesDep, request: Request,
                          all: bool = Query(False, description="Include ended instances")) -> list[InstancePublic]:
     def read():  # noqa: ANN202
@@ -165,8 +167,7 @@ async def list_instances(name: str, services: ServicesDep, request: Request,
                            telemetry=telemetry.get(r.id)) for r in rows]
 
 
-@router.patch("/{name}/slice", response_model=FunctionPublic, responses={
-    404: {"description": "Unknown function"}, 409: {"description": "The slice does not fit on a GPU it runs on"}})
+@router.patch("/{name}/slice", response_model=FunctionPublic, responses=errors(400, 404, 409, 413, 422, 503))
 async def set_slice(name: str, body: SliceUpdate, request: Request, services: ServicesDep) -> FunctionPublic:
     """Vertical scaling: pins a new compute slice; running instances are resized in place.
 
@@ -199,14 +200,14 @@ async def set_slice(name: str, body: SliceUpdate, request: Request, services: Se
     return public
 
 
-@router.get("/{name}/events", response_model=list[EventPublic])
+@router.get("/{name}/events", response_model=list[EventPublic], responses=errors(404, 422))
 def list_events(name: str, session: SessionDep, limit: int = Query(100, ge=1, le=10_000)) -> list[EventPublic]:
     _existing(session, name)
     return [EventPublic(at=e.at, function=e.function, action=e.action, reason=e.reason, instance_id=e.instance_id)
             for e in repo.list_events(session=session, function=name, limit=limit)]
 
 
-@router.get("/{name}/logs")
+@router.get("/{name}/logs", responses=errors(404, 422))
 async def get_logs(name: str, services: ServicesDep, tail: int = Query(200, ge=1, le=100_000),
                    instances: int = Query(3, ge=1, le=50)) -> dict:
     """The log tails of the newest instances (ended ones included, so load errors stay visible)."""

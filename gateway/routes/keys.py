@@ -4,21 +4,23 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime
+from typing import Annotated
 
 from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, Field, field_validator
 
 from dilu.db import repo
-from dilu.keys import check_scopes, new_key
+from dilu.keys import SCOPE_PATTERN, check_scopes, new_key
+from gateway.docs import AUTH_ERRORS, SECURED, errors
 from gateway.deps import ServicesDep
 
-router = APIRouter(prefix="/v1/keys", tags=["keys"])
+router = APIRouter(prefix="/v1/keys", tags=["keys"], dependencies=SECURED, responses=AUTH_ERRORS)
 
 
 class KeyRequest(BaseModel):
     name: str = Field(..., min_length=1, max_length=63, pattern=r"^[A-Za-z0-9_.@-]+$")
-    scopes: list[str] = Field(..., min_length=1, max_length=64,
-                              description="admin, read, invoke, or invoke:<function> (repeatable)")
+    scopes: list[Annotated[str, Field(pattern=f"^({SCOPE_PATTERN.pattern})$")]] = Field(
+        ..., min_length=1, max_length=64, description="admin, read, invoke, or invoke:<function> (repeatable)")
 
     @field_validator("scopes")
     @classmethod
@@ -37,7 +39,7 @@ class KeyCreated(KeyPublic):
     key: str = Field(description="The key itself: shown this once, stored only as a hash")
 
 
-@router.post("", response_model=KeyCreated, status_code=201)
+@router.post("", response_model=KeyCreated, status_code=201, responses=errors(400, 413, 422))
 async def create_key(body: KeyRequest, services: ServicesDep) -> KeyCreated:
     """Creates a key. The first key turns authentication on for every gateway."""
     key_id, secret_hash, key = new_key()
@@ -63,7 +65,7 @@ async def list_keys(services: ServicesDep) -> list[KeyPublic]:
     return await asyncio.to_thread(read)
 
 
-@router.delete("/{key_id}", responses={404: {"description": "No such active key"}})
+@router.delete("/{key_id}", responses=errors(404, 422))
 async def revoke_key(key_id: str, services: ServicesDep) -> dict[str, str]:
     """Revokes a key at once on this gateway (on others within their refresh period)."""
     def write() -> bool:

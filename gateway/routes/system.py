@@ -8,6 +8,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from dilu.db import repo
 from dilu.messages import ACTIVE_STATES
 from gateway.deps import ServicesDep, SessionDep
+from gateway.docs import AUTH_ERRORS, SECURED
 
 router = APIRouter(tags=["system"])
 
@@ -17,7 +18,7 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/v1/status")
+@router.get("/v1/status", dependencies=SECURED, responses=AUTH_ERRORS)
 def status(session: SessionDep, services: ServicesDep) -> dict:
     workers = repo.list_workers(session=session)
     functions = repo.list_functions(session=session)
@@ -39,6 +40,8 @@ def status(session: SessionDep, services: ServicesDep) -> dict:
     }
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=Response, responses={
+    200: {"description": "Prometheus text exposition", "content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}},
+    **AUTH_ERRORS})
 def metrics() -> Response:
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

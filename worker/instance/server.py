@@ -144,7 +144,9 @@ def _uvicorn_config(app):  # noqa: ANN001, ANN202
 
     # No websockets (instances speak plain HTTP): uvicorn would otherwise import a websocket
     # implementation on every start.
-    return uvicorn.Config(app, log_level="warning", access_log=False, ws="none", timeout_graceful_shutdown=30)
+    # Idle connections outlive the gateway's pool (60 s), so it never reuses one being closed.
+    return uvicorn.Config(app, log_level="warning", access_log=False, ws="none", timeout_graceful_shutdown=30,
+                          timeout_keep_alive=75)
 
 
 def preload() -> None:
