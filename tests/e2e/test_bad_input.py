@@ -92,7 +92,7 @@ def test_bad_requests_get_json_errors(serving) -> None:  # noqa: ANN001
         (serving.http.post("/v1/functions", json={"yaml": "name: x\nhandler: h:H\n"}), 422, "give exactly one of"),
         (serving.http.post("/v1/functions", json={"yaml": "name: x\nhandler: h:H\nimage: repo/x:1\n",
                                                   "source_dir": "/tmp"}), 422, "got source_dir, image"),
-        (serving.http.head("/v1/bundles/sha256:nothex"), 400, None),
+        (serving.http.head("/v1/bundles/sha256:nothex"), 422, None),
     ]
     for reply, status, message in cases:
         assert reply.status_code == status, (reply.request.url, reply.text)

@@ -21,3 +21,10 @@ def test_instance_env(tmp_path: Path, device: DeviceInfo, visible: str, kind: st
     assert env["CUDA_VISIBLE_DEVICES"] == visible  # never the worker's own list
     assert env["DILU_DEVICE"] == kind and env["DILU_LISTEN_FD"] == "7" and env["DILU_INSTANCE_ID"] == "i-1"
     assert env["GREETING"] == "hi" and env["PATH"] == "/bin"
+
+
+def test_the_instance_key_survives_the_shims_injection(tmp_path: Path) -> None:
+    backend = ProcessBackend(state_dir=tmp_path, base_env={"PATH": "/bin"})
+    injected = {"LD_PRELOAD": "/shim.so", "DILU_TOKEN_SOCKET": "/run/x.sock"}
+    env = backend.instance_env(make_start("i-1", "/src"), GPU, tmp_path / "c.json", 7, injected, "secret-key")
+    assert env["DILU_INSTANCE_KEY"] == "secret-key" and env["LD_PRELOAD"] == "/shim.so"

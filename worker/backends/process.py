@@ -77,17 +77,17 @@ class ProcessBackend:
         self._refill()
 
     def instance_env(self, request: StartInstance, device: DeviceInfo, config_path: Path, fd: int,
-                     extra_env: dict[str, str] | None = None, key: str = "") -> dict[str, str]:
+                     extra_env: dict[str, str] | None = None, instance_key: str = "") -> dict[str, str]:
         env = dict(self._base_env)
         env.update(request.spec.get("env") or {})
-        for key, value in (extra_env or {}).items():
+        for name, value in (extra_env or {}).items():
             # Search paths are prepended to what the worker had, not replacing it.
-            if key in ("LD_LIBRARY_PATH", "LD_PRELOAD") and env.get(key):
-                separator = ":" if key == "LD_LIBRARY_PATH" else " "
-                value = f"{value}{separator}{env[key]}"
-            env[key] = value
+            if name in ("LD_LIBRARY_PATH", "LD_PRELOAD") and env.get(name):
+                separator = ":" if name == "LD_LIBRARY_PATH" else " "
+                value = f"{value}{separator}{env[name]}"
+            env[name] = value
         env.update({
-            protocol.ENV_KEY: key,
+            protocol.ENV_KEY: instance_key,
             protocol.ENV_CONFIG: str(config_path),
             protocol.ENV_LISTEN_FD: str(fd),
             protocol.ENV_INSTANCE_ID: request.instance_id,
