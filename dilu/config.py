@@ -28,6 +28,8 @@ class CommonSettings(BaseSettings):
     redis_prefix: str = Field("dilu:", description="Prefix of every Redis key and channel")
     scheduler: str = Field("dilu", description="dilu | exclusive | static-limits | request-only (placement "
                                                "and the admission of resizes)")
+    max_bundle_bytes: int = Field(200 * 1024 * 1024, gt=0, description="Largest code bundle (compressed) the "
+                                                                       "gateway accepts and a worker unpacks")
     cluster_key: str | None = Field(None, min_length=24, description="Shared secret of the roles: workers take "
                                                                      "orders only from callers that send it")
 
@@ -71,7 +73,6 @@ class GatewaySettings(CommonSettings):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     max_request_bytes: int = Field(10 * 1024 * 1024, gt=0, description="Largest accepted invoke body")
-    max_bundle_bytes: int = Field(200 * 1024 * 1024, gt=0, description="Largest accepted code bundle (compressed)")
     local_roots: str = Field("", description="Folders (':'-separated) that deploys by local path may name; "
                                              "empty: deploying by path is off (upload bundles)")
     max_api_body_bytes: int = Field(1024 * 1024, gt=0, description="Largest body of the other API calls (deploys, keys)")
@@ -129,7 +130,6 @@ class WorkerSettings(CommonSettings):
     docker_user: str = Field("10001:10001", description="uid:gid instances run as in their containers (never root)")
     docker_read_only: bool = Field(True, description="Read-only root filesystem for instance containers "
                                                      "(a tmpfs at /tmp)")
-    max_bundle_bytes: int = Field(200 * 1024 * 1024, gt=0, description="Largest code bundle a worker unpacks")
     heartbeat_s: float = Field(1.0, gt=0)
     worker_ttl_s: float = Field(5.0, gt=0)
     health_poll_s: float = Field(0.02, gt=0, description="Health-check period of starting instances (on the cold-start path)")

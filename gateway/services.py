@@ -195,27 +195,26 @@ class GatewayServices:
         totals to the database, each on its own: what one of them could not take is kept and
         sent with the next flush, so an outage of either loses no count."""
         snapshot, counts = self.activity.take(self.functions.names())
+        self._pending_counts = _merge_counts(self._pending_counts, counts)
         for name, per_second in counts.items():
-            pending = self._pending_counts.setdefault(name, {})
-            for second, count in per_second.items():
-                pending[second] = pending.get(second, 0) + count
             self._pending_totals[name] = self._pending_totals.get(name, 0) + sum(per_second.values())
-        ttl = max(5.0, self.settings.stats_flush_s * 4)
         sending, self._pending_counts = self._pending_counts, {}
+        totals, self._pending_totals = self._pending_totals, {}
+        failure: Exception | None = None
         try:
-            await self.store.report_activity(self.gateway_id, snapshot, sending, ttl)
-        except Exception:
-            self._pending_counts = _merge_counts(sending, self._pending_counts)
-            raise
-        finally:
-            totals, self._pending_totals = self._pending_totals, {}
-            if totals:
-                try:
-                    await asyncio.to_thread(self._add_counts, totals)
-                except Exception:
-                    for name, count in totals.items():
-                        self._pending_totals[name] = self._pending_totals.get(name, 0) + count
-                    raise
+            await self.store.report_activity(self.gateway_id, snapshot, sending,
+                                             max(5.0, self.settings.stats_flush_s * 4))
+        except Exception as exc:
+            self._pending_counts, failure = _merge_counts(sending, self._pending_counts), exc
+        if totals:
+            try:
+                await asyncio.to_thread(self._add_counts, totals)
+            except Exception as exc:
+                for name, count in totals.items():
+                    self._pending_totals[name] = self._pending_totals.get(name, 0) + count
+                failure = failure or exc
+        if failure is not None:
+            raise failure
 
     def _add_counts(self, totals: dict[str, int]) -> None:
         with self.sessions() as session:

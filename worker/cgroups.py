@@ -18,6 +18,12 @@ ROOTS_V2 = (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"))
 ROOT_V1 = Path("/sys/fs/cgroup/cpu")
 
 
+def cfs_quota(share: float | None, cores: int) -> int | None:
+    """The CFS quota (per ``PERIOD_US``) that gives ``share`` of ``cores``; None: unlimited.
+    One rule for both runtimes (cgroups of processes, ``docker update`` of containers)."""
+    return None if share is None or share >= 1.0 else max(1000, int(share * cores * PERIOD_US))
+
+
 class CpuLimiter:
     """Creates a group per instance and sets its quota; ``available`` says whether it can."""
 
@@ -68,7 +74,7 @@ class CpuLimiter:
         path = self.group(instance_id)
         if path is None:
             return False
-        quota = None if share is None or share >= 1.0 else max(1000, int(share * self.cores * PERIOD_US))
+        quota = cfs_quota(share, self.cores)
         if self.version == 2:
             (path / "cpu.max").write_text(f"{quota if quota else 'max'} {PERIOD_US}")
         else:

@@ -37,6 +37,7 @@ from dilu import instance_protocol as protocol
 from dilu.instance_protocol import InstanceConfig
 from dilu.messages import DeviceInfo, StartInstance
 from worker.backends.base import RunningInstance, endpoint_url
+from worker.cgroups import PERIOD_US, cfs_quota
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,6 @@ SHIM_DIR = "/opt/dilu/shim"
 RUN_DIR = "/run/dilu"
 FAKE_DRIVER_DIR = "/opt/dilu/fake-driver"
 FAKE_CLOCK = "/opt/dilu/fake-clock"
-CPU_PERIOD_US = 100_000
 EXIT_POLL_S = 0.25                   # how stale an instance's "still running" may be
 TMPFS = {"/tmp": "rw,nosuid,nodev,size=1g"}
 
@@ -285,9 +285,9 @@ class DockerBackend:
         container = self._containers.get(instance_id)
         if container is None:
             return False
-        quota = -1 if share is None or share >= 1.0 else max(1000, int(share * self._cores * CPU_PERIOD_US))
+        quota = cfs_quota(share, self._cores)
         try:
-            container.update(cpu_period=CPU_PERIOD_US, cpu_quota=quota)
+            container.update(cpu_period=PERIOD_US, cpu_quota=-1 if quota is None else quota)
         except Exception as exc:  # noqa: BLE001
             log.warning("cannot set the CPU quota of %s: %s", container.name, _short(exc))
             return False
