@@ -73,6 +73,8 @@ class GatewaySettings(CommonSettings):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     max_request_bytes: int = Field(10 * 1024 * 1024, gt=0, description="Largest accepted invoke body")
+    grpc_port: int = Field(8001, ge=-1, le=65535, description="Port of the inference protocol's gRPC service "
+                                                              "(0: any free port; -1: off)")
     local_roots: str = Field("", description="Folders (':'-separated) that deploys by local path may name; "
                                              "empty: deploying by path is off (upload bundles)")
     max_api_body_bytes: int = Field(1024 * 1024, gt=0, description="Largest body of the other API calls (deploys, keys)")

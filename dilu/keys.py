@@ -6,7 +6,8 @@ every request). Scopes:
 
 - ``admin``: everything (deploy, delete, scale, logs, keys, and all below);
 - ``read``: list, describe, status, instances, events;
-- ``invoke``: invoke every function; ``invoke:<name>``: invoke that function only.
+- ``invoke``: invoke every function; ``invoke:<name>``: invoke that function only (and read the
+  metadata and readiness of the models it may invoke, over the inference protocol).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class Need(StrEnum):
     ADMIN = "admin"
     READ = "read"
     INVOKE = "invoke"
+    MODEL = "model"     # a model's metadata and readiness (v2): read, or invoke on that function
 
 
 def new_key() -> tuple[str, str, str]:
@@ -70,4 +72,6 @@ def allows(scopes: Iterable[str], need: Need, function: str | None = None) -> bo
         return "read" in held
     if need == Need.INVOKE:
         return "invoke" in held or (function is not None and f"invoke:{function}" in held)
+    if need == Need.MODEL:
+        return "read" in held or allows(held, Need.INVOKE, function)
     return False

@@ -28,7 +28,7 @@ from worker.shimlib import ShimUnavailable, shim_paths
 from worker.tokens.control import GpuControl
 
 log = logging.getLogger(__name__)
-OnReady = Callable[[str], Awaitable[None]]
+OnReady = Callable[[str, str | None], Awaitable[None]]   # (HTTP URL, gRPC address or None)
 # Idle client connections are kept longer than clients keep them (httpx and many others: 5 s), so
 # a client never sends on a connection the gateway is closing at that moment (the request would
 # fail with no reply); 75 s as common proxies do.
@@ -53,19 +53,35 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 async def _serve(server: uvicorn.Server, sock: socket.socket, host: str, on_ready: OnReady | None,
-                 background: list[asyncio.Task]) -> None:
-    """Runs uvicorn until it exits (Ctrl-C or SIGTERM), with ``background`` tasks beside it."""
+                 background: list[asyncio.Task], services_of: Callable[[], GatewayServices] | None = None,
+                 settings: GatewaySettings | None = None) -> None:
+    """Runs uvicorn until it exits (Ctrl-C or SIGTERM), with ``background`` tasks beside it; a
+    gateway (``services_of`` and ``settings`` given) also serves the inference protocol over gRPC."""
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:
         if serving.done():
             await serving  # re-raises a bind error
             return
         await asyncio.sleep(0.05)
+    grpc_server, grpc_address = None, None
+    if services_of is not None and settings is not None and settings.grpc_port >= 0:
+        from gateway.v2.grpc_service import start_grpc
+
+        try:
+            grpc_server, port = await start_grpc(settings.host, settings.grpc_port, services_of,
+                                                 settings.max_request_bytes)
+        except OSError as exc:
+            server.should_exit = True
+            await serving
+            raise StartupError(f"{exc}; set DILU_GRPC_PORT to a free port, 0 for any, or -1 for no gRPC") from None
+        grpc_address = f"{host}:{port}"
     if on_ready is not None:
-        await on_ready(f"http://{host}:{sock.getsockname()[1]}")
+        await on_ready(f"http://{host}:{sock.getsockname()[1]}", grpc_address)
     try:
         await serving
     finally:
+        if grpc_server is not None:
+            await grpc_server.stop(grace=5)
         for task in background:
             task.cancel()
         for task in background:
@@ -162,7 +178,7 @@ async def run_all_in_one(settings: AllInOneSettings, on_ready: OnReady | None = 
     background = [asyncio.create_task(agent.run()) for agent in agents]
     background.append(asyncio.create_task(reconciler.run()))
     try:
-        await _serve(server, sock, settings.host, on_ready, background)
+        await _serve(server, sock, settings.host, on_ready, background, app.services_of, settings)
     finally:
         await reconciler.shutdown()
         await asyncio.gather(*(agent.shutdown() for agent in agents), return_exceptions=True)
@@ -187,10 +203,11 @@ async def run_gateway(settings: GatewaySettings, on_ready: OnReady | None = None
         return GatewayServices(settings=settings, sessions=sessions, store=store,
                                directory=WorkerDirectory(http, settings.cluster_key), http=http)
 
-    server = uvicorn.Server(uvicorn.Config(create_asgi(build), log_level="warning", access_log=False,
+    app = create_asgi(build)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
                                            timeout_graceful_shutdown=10, timeout_keep_alive=KEEP_ALIVE_S))
     try:
-        await _serve(server, sock, settings.host, on_ready, [])
+        await _serve(server, sock, settings.host, on_ready, [], app.services_of, settings)
     finally:
         await http.aclose()
         await store.close()

@@ -86,6 +86,34 @@ class Batching(_Strict):
     max_wait_ms: float = Field(0.0, ge=0, le=10_000)
 
 
+DATATYPES = ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
+             "FP16", "FP32", "FP64", "BYTES")
+TENSOR_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$"
+
+
+class TensorSpec(_Strict):
+    """One input or output of the inference protocol (v2): its name, element type and shape."""
+
+    name: str = Field(..., pattern=TENSOR_NAME_PATTERN, description="Tensor name, as clients send it")
+    datatype: Literal[DATATYPES] = Field(..., description="Element type in the protocol's names (FP32, INT64, BYTES, ...)")
+    shape: list[int] = Field(..., max_length=16, description="Dimensions; -1 for a dimension of any size")
+
+    @field_validator("shape")
+    @classmethod
+    def _dims(cls, value: list[int]) -> list[int]:
+        if any(dim < -1 for dim in value):
+            raise ValueError("each dimension is a size >= 0, or -1 for any size")
+        return value
+
+
+def _unique_names(tensors: list[TensorSpec], what: str) -> None:
+    seen: set[str] = set()
+    for tensor in tensors:
+        if tensor.name in seen:
+            raise ValueError(f"{what}: the name {tensor.name!r} appears twice")
+        seen.add(tensor.name)
+
+
 class SpecModel(_Strict):
     """The YAML document, field by field (this is what ``dilu spec schema`` prints)."""
 
@@ -107,6 +135,26 @@ class SpecModel(_Strict):
     # Inference is normally free of side effects, so a request whose instance died under it is
     # retried once elsewhere; a function with side effects sets this to false.
     idempotent: bool = Field(True, description="May a request be retried on another instance after a failure")
+    inputs: list[TensorSpec] = Field(
+        default_factory=list, max_length=64,
+        description="Declared input tensors: the function then also serves the inference protocol (v2) at "
+                    "/v2/models/<name>; its handler receives {input name: nested list} per request")
+    outputs: list[TensorSpec] = Field(
+        default_factory=list, max_length=64,
+        description="Declared output tensors: the handler returns {output name: nested list or scalar}")
+
+    @model_validator(mode="after")
+    def _tensors(self) -> "SpecModel":
+        if bool(self.inputs) != bool(self.outputs):
+            raise ValueError("inputs and outputs are declared together (both, or neither)")
+        _unique_names(self.inputs, "inputs")
+        _unique_names(self.outputs, "outputs")
+        return self
+
+    @property
+    def serves_v2(self) -> bool:
+        """Whether the function declares its tensors (and so answers the inference protocol)."""
+        return bool(self.inputs)
 
     @field_validator("env")
     @classmethod

@@ -12,6 +12,7 @@ from gateway.errors import errors_in_openapi, install_error_handlers
 from gateway.limits import BodyLimits
 from gateway.routes import bundles, functions, invoke, keys, system
 from gateway.services import GatewayServices
+from gateway.v2 import rest as v2_rest
 
 
 def create_app(build_services: Callable[[], Awaitable[GatewayServices]],
@@ -38,12 +39,13 @@ def create_app(build_services: Callable[[], Awaitable[GatewayServices]],
     app.include_router(functions.router)
     app.include_router(invoke.router)
     app.include_router(keys.router)
-    errors_in_openapi(app)
+    app.include_router(v2_rest.router)
+    errors_in_openapi(app, v2_rest.add_schemas)
     return app
 
 
 def create_asgi(build_services: Callable[[], Awaitable[GatewayServices]],
-                release: Callable[[GatewayServices], Awaitable[None]] | None = None) -> invoke.InvokeFastPath:
+                release: Callable[[GatewayServices], Awaitable[None]] | None = None) -> AuthGate:
     """The app to serve: the FastAPI app behind the invoke fast path, both behind the key check."""
     app = create_app(build_services, release)
     def services() -> GatewayServices:

@@ -105,7 +105,8 @@ def authorization_header(headers: Mapping[str, str] | list[tuple[bytes, bytes]])
 
 
 SCOPES_KEY = "dilu_scopes"
-OPEN_PATHS = frozenset({"/healthz", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+OPEN_PATHS = frozenset({"/healthz", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json",
+                        "/v2", "/v2/health/live", "/v2/health/ready"})
 
 
 def need_for(method: str, path: str, metrics_public: bool) -> tuple[Need | None, str | None]:
@@ -116,6 +117,9 @@ def need_for(method: str, path: str, metrics_public: bool) -> tuple[Need | None,
     parts = path.strip("/").split("/")
     if method == "POST" and len(parts) == 4 and parts[:2] == ["v1", "functions"] and parts[3] == "invoke":
         return Need.INVOKE, parts[2]
+    if parts[:2] == ["v2", "models"] and len(parts) >= 3:
+        # /v2/models/{name}[/versions/{v}][/ready|/infer]
+        return (Need.INVOKE if method == "POST" else Need.MODEL), parts[2]
     if method in ("GET", "HEAD"):
         if (len(parts) == 4 and parts[:2] == ["v1", "functions"] and parts[3] == "logs") or \
                 parts[:2] in (["v1", "keys"], ["v1", "bundles"]):
@@ -131,6 +135,10 @@ class AuthGate:
     def __init__(self, app, services_of) -> None:  # noqa: ANN001
         self.app = app
         self._services_of = services_of
+
+    def services_of(self):  # noqa: ANN201
+        """The gateway's services, once the app has started (the gRPC service reaches them here)."""
+        return self._services_of()
 
     async def __call__(self, scope: dict, receive, send) -> None:  # noqa: ANN001
         if scope["type"] == "http":

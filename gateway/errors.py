@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from fastapi import FastAPI, Request
 from fastapi.routing import APIRoute
 from fastapi.exceptions import RequestValidationError
@@ -33,7 +35,7 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(422, "; ".join(problems))
 
 
-def errors_in_openapi(app: FastAPI) -> None:
+def errors_in_openapi(app: FastAPI, *more: Callable[[dict], None]) -> None:
     """Makes the OpenAPI document say what validation errors really look like (``{"error": ...}``,
     not FastAPI's default list of details)."""
     build = app.openapi
@@ -42,6 +44,8 @@ def errors_in_openapi(app: FastAPI) -> None:
         if app.openapi_schema is not None:
             return app.openapi_schema
         schema = build()
+        for add in more:   # routes whose documents FastAPI cannot see (raw bodies) add them here
+            add(schema)
         for methods in schema.get("paths", {}).values():
             for operation in methods.values():
                 answer = operation.get("responses", {}).get("422")

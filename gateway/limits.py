@@ -6,7 +6,9 @@ import json
 
 from dilu.limits import LimitExceeded, check_json_depth
 
-EXEMPT_PREFIXES = ("/v1/bundles",)   # streamed with their own limit (DILU_MAX_BUNDLE_BYTES)
+# Streamed with their own limits: bundles (DILU_MAX_BUNDLE_BYTES), inference requests of the
+# v2 protocol (DILU_MAX_REQUEST_BYTES, binary or JSON).
+EXEMPT_PREFIXES = ("/v1/bundles", "/v2/")
 
 
 class BodyLimits:

@@ -19,6 +19,7 @@ import httpx
 from tests.waiting import eventually
 
 URL_PATTERN = re.compile(r"(?:Dilu is up at|Dilu gateway at|Dilu worker at) (http://\S+)")
+GRPC_PATTERN = re.compile(r"over gRPC at (\S+?);")
 
 
 def dilu_executable() -> str:
@@ -36,6 +37,7 @@ class Role:
     log_file: Any = None
     lines: list[str] = field(default_factory=list)
     url: str | None = None
+    grpc_address: str | None = None
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -80,7 +82,8 @@ def list_lines(stream):  # noqa: ANN001, ANN201
 
 def start_role(args: list[str], env: dict[str, str], log_path: Path, wait_for_url: bool = True,
                timeout: float = 60) -> Role:
-    full_env = {**os.environ, **env}
+    # Several gateways may run at once: each takes a free gRPC port unless the test names one.
+    full_env = {**os.environ, "DILU_GRPC_PORT": "0", **env}
     log_file = open(log_path, "ab")  # noqa: SIM115 - closed with the process
     process = subprocess.Popen([dilu_executable(), *args], env=full_env, stdout=subprocess.PIPE,
                                stderr=log_file, stdin=subprocess.DEVNULL, text=True)
@@ -92,6 +95,9 @@ def start_role(args: list[str], env: dict[str, str], log_path: Path, wait_for_ur
             match = URL_PATTERN.search(line)
             if match and role.url is None:
                 role.url = match.group(1)
+            found = GRPC_PATTERN.search(line)
+            if found and role.grpc_address is None:
+                role.grpc_address = found.group(1)
 
     threading.Thread(target=pump, daemon=True).start()
     if wait_for_url:
@@ -117,6 +123,11 @@ class Platform:
         self.role = start_role(args, self.env, home.parent / f"{home.name}-up.log")
         self.url = self.role.url
         self.http = httpx.Client(base_url=self.url, timeout=120)
+
+    @property
+    def grpc_address(self) -> str:
+        """host:port of the gateway's gRPC service (printed just after the URL)."""
+        return eventually(lambda: self.role.grpc_address, timeout=30, what="the gRPC address")
 
     def cli(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
         env = {**os.environ, **self.env, "DILU_URL": self.url, "COLUMNS": "200"}

@@ -77,12 +77,18 @@ def up(
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     settings = AllInOneSettings(**overrides)
 
-    async def ready(url: str) -> None:
+    async def ready(url: str, grpc_address: str | None) -> None:
         out.print(f"Dilu is up at {url}  (state in {settings.home}; Ctrl-C stops it)", highlight=False)
+        _say_grpc(grpc_address)
         if demo:
             await asyncio.to_thread(_deploy_examples, url, CliSettings().api_key or settings.admin_key)
 
     _run(run_all_in_one(settings, ready))
+
+
+def _say_grpc(address: str | None) -> None:
+    if address is not None:
+        out.print(f"Inference protocol (v2) over gRPC at {address}; over HTTP under /v2", highlight=False)
 
 
 def _deploy_examples(url: str, api_key: str | None) -> None:
@@ -111,8 +117,9 @@ def gateway(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -
     _setup_logging(verbose)
     settings = GatewaySettings()
 
-    async def ready(url: str) -> None:
+    async def ready(url: str, grpc_address: str | None) -> None:
         out.print(f"Dilu gateway at {url}", highlight=False)
+        _say_grpc(grpc_address)
 
     _run(run_gateway(settings, ready))
 
@@ -136,7 +143,7 @@ def worker(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) ->
 
     _setup_logging(verbose)
 
-    async def ready(url: str) -> None:
+    async def ready(url: str, _grpc: str | None) -> None:
         out.print(f"Dilu worker at {url}", highlight=False)
 
     _run(run_worker(WorkerSettings(), ready))

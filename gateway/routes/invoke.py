@@ -81,16 +81,19 @@ _METRICS = _MetricsCache()
 
 
 async def handle_invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
-                        content_length: str | None) -> Outcome:
+                        content_length: str | None, max_bytes: int | None = None) -> Outcome:
+    """One invocation, start to end. ``max_bytes``: the body's limit when not the setting's (the
+    inference protocol bounds its own wire format and hands over the JSON it made)."""
     started = time.perf_counter()
-    outcome = await _invoke(services, name, next_chunk, content_length)
+    outcome = await _invoke(services, name, next_chunk, content_length, max_bytes)
     _METRICS.observe(name, outcome.status, time.perf_counter() - started)
     return outcome
 
 
 async def _invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
-                  content_length: str | None) -> Outcome:
+                  content_length: str | None, max_bytes: int | None) -> Outcome:
     settings = services.settings
+    limit = settings.max_request_bytes if max_bytes is None else max_bytes
     function = services.functions.get(name)
     if function is None:
         await services.functions.refresh(name)
@@ -98,9 +101,9 @@ async def _invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
         if function is None:
             return _error(404, f"function {name!r} not found")
     try:
-        body = await _read_body(next_chunk, content_length, settings.max_request_bytes)
+        body = await _read_body(next_chunk, content_length, limit)
     except _TooLarge:
-        return _error(413, f"request body exceeds the limit of {settings.max_request_bytes} bytes")
+        return _error(413, f"request body exceeds the limit of {limit} bytes (DILU_MAX_REQUEST_BYTES)")
     try:
         check_json_depth(body)
         json.loads(body, parse_constant=reject_constant)

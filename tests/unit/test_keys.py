@@ -29,6 +29,10 @@ def test_a_new_key_parses_and_matches_only_its_hash() -> None:
     (["invoke:fn"], Need.INVOKE, "fn", True),
     (["invoke:fn"], Need.INVOKE, "fn-2", False),
     (["invoke:fn", "read"], Need.READ, None, True),
+    (["invoke:fn"], Need.MODEL, "fn", True),
+    (["invoke:fn"], Need.MODEL, "fn-2", False),
+    (["read"], Need.MODEL, "fn", True),
+    (["invoke:fn"], Need.READ, None, False),
 ])
 def test_scopes(scopes: list[str], need: Need, function: str | None, allowed: bool) -> None:
     assert allows(scopes, need, function) is allowed
@@ -54,6 +58,13 @@ def test_unknown_scopes_are_refused(bad: list[str]) -> None:
     ("DELETE", "/v1/functions/resnet", Need.ADMIN, None),
     ("PATCH", "/v1/functions/resnet/slice", Need.ADMIN, None),
     ("POST", "/v1/functions/a/b/invoke", Need.ADMIN, None),
+    ("GET", "/v2", None, None),
+    ("GET", "/v2/health/ready", None, None),
+    ("GET", "/v2/models/iris", Need.MODEL, "iris"),
+    ("GET", "/v2/models/iris/versions/3/ready", Need.MODEL, "iris"),
+    ("POST", "/v2/models/iris/infer", Need.INVOKE, "iris"),
+    ("POST", "/v2/models/iris/versions/3/infer", Need.INVOKE, "iris"),
+    ("POST", "/v2/repository/index", Need.ADMIN, None),
 ])
 def test_every_route_needs_a_scope(method: str, path: str, need: Need | None, function: str | None) -> None:
     assert need_for(method, path, metrics_public=True) == (need, function)

@@ -1,0 +1,152 @@
+"""The inference protocol's gRPC service, on the protocol's published definition.
+
+The service and its messages come from ``tritonclient.grpc`` (``service_pb2`` and
+``service_pb2_grpc``: the KServe v2 ``GRPCInferenceService`` with Triton's additions), so
+clients built on that definition work unchanged. Implemented: ServerLive, ServerReady,
+ServerMetadata, ModelReady, ModelMetadata and ModelInfer; the rest (model repository, shared
+memory, statistics, tracing, streaming) answer UNIMPLEMENTED. Keys travel as the
+``authorization`` metadata, with the same scopes as the REST routes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import numpy as np
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from dilu.keys import Need
+from gateway.services import GatewayServices
+from gateway.v2.inference import EXTENSIONS, SERVER_NAME, Inference, Model, ProtocolError, find_model, infer
+from gateway.v2.rest import VERSION
+from gateway.v2.tensors import TensorError, check_header, element_count, from_binary, from_json, to_binary
+
+log = logging.getLogger(__name__)
+
+STATUS_CODES = {
+    400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED, 404: grpc.StatusCode.NOT_FOUND,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED, 422: grpc.StatusCode.INVALID_ARGUMENT,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED, 502: grpc.StatusCode.UNAVAILABLE,
+    503: grpc.StatusCode.UNAVAILABLE, 504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+# Which typed field of InferTensorContents carries each datatype (FP16 travels raw only).
+CONTENT_FIELDS = {
+    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+    "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
+    "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
+}
+
+
+def _from_contents(model: Model, tensor: Any) -> np.ndarray:
+    spec = model.input(tensor.name)
+    shape = check_header(spec, tensor.datatype, list(tensor.shape))
+    field = CONTENT_FIELDS.get(spec.datatype)
+    if field is None:
+        raise TensorError(f"input {spec.name!r}: {spec.datatype} travels in raw_input_contents only")
+    values = list(getattr(tensor.contents, field))
+    if spec.datatype != "BYTES":
+        return from_json(spec, shape, values)
+    if len(values) != element_count(shape):
+        raise TensorError(f"input {spec.name!r}: {len(values)} elements given, shape {shape} holds "
+                          f"{element_count(shape)}")
+    array = np.empty(len(values), dtype=object)
+    array[:] = values
+    return array.reshape(shape)
+
+
+def decode(model: Model, request: Any) -> Inference:
+    """The inputs of a ModelInferRequest: all raw (in order) or all in typed contents."""
+    raw = list(request.raw_input_contents)
+    if raw and len(raw) != len(request.inputs):
+        raise ProtocolError(400, f"raw_input_contents holds {len(raw)} tensors for {len(request.inputs)} inputs")
+    inputs: dict[str, np.ndarray] = {}
+    try:
+        for position, tensor in enumerate(request.inputs):
+            if tensor.name in inputs:
+                raise ProtocolError(400, f"input {tensor.name!r} is given twice")
+            if raw:
+                spec = model.input(tensor.name)
+                inputs[tensor.name] = from_binary(spec, check_header(spec, tensor.datatype, list(tensor.shape)),
+                                                  raw[position])
+            else:
+                inputs[tensor.name] = _from_contents(model, tensor)
+    except TensorError as exc:
+        raise ProtocolError(400, str(exc)) from None
+    wanted = [output.name for output in request.outputs] or None
+    return Inference(inputs=inputs, outputs=wanted, id=request.id or None)
+
+
+class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, services_of: Callable[[], GatewayServices]) -> None:
+        self._services_of = services_of
+
+    async def _check(self, context: grpc.aio.ServicerContext, need: Need, model: str) -> None:
+        services = self._services_of()
+        header = dict(context.invocation_metadata() or ()).get("authorization")
+        denied = await services.auth.check(header, need, model)
+        if denied is not None:
+            await context.abort(STATUS_CODES[denied.status], denied.message)
+
+    async def _model(self, context: grpc.aio.ServicerContext, need: Need, name: str, version: str) -> Model:
+        await self._check(context, need, name)
+        try:
+            return await find_model(self._services_of(), name, version)
+        except ProtocolError as exc:
+            await context.abort(STATUS_CODES.get(exc.status, grpc.StatusCode.INTERNAL), exc.message)
+            raise  # not reached: abort raises
+
+    async def ServerLive(self, request, context):  # noqa: ANN001, ANN201, N802 - the protocol's names
+        return service_pb2.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request, context):  # noqa: ANN001, ANN201, N802
+        return service_pb2.ServerReadyResponse(ready=True)
+
+    async def ServerMetadata(self, request, context):  # noqa: ANN001, ANN201, N802
+        return service_pb2.ServerMetadataResponse(name=SERVER_NAME, version=VERSION, extensions=EXTENSIONS)
+
+    async def ModelReady(self, request, context):  # noqa: ANN001, ANN201, N802
+        model = await self._model(context, Need.MODEL, request.name, request.version)
+        return service_pb2.ModelReadyResponse(ready=model.ready)
+
+    async def ModelMetadata(self, request, context):  # noqa: ANN001, ANN201, N802
+        model = await self._model(context, Need.MODEL, request.name, request.version)
+        meta = model.metadata()
+        tensor = service_pb2.ModelMetadataResponse.TensorMetadata
+        return service_pb2.ModelMetadataResponse(
+            name=meta["name"], versions=meta["versions"], platform=meta["platform"],
+            inputs=[tensor(**t) for t in meta["inputs"]], outputs=[tensor(**t) for t in meta["outputs"]])
+
+    async def ModelInfer(self, request, context):  # noqa: ANN001, ANN201, N802
+        model = await self._model(context, Need.INVOKE, request.model_name, request.model_version)
+        try:
+            result = await infer(self._services_of(), model, decode(model, request))
+        except ProtocolError as exc:
+            await context.abort(STATUS_CODES.get(exc.status, grpc.StatusCode.INTERNAL), exc.message)
+        response = service_pb2.ModelInferResponse(model_name=model.name, model_version=model.version,
+                                                  id=result.id or "")
+        for spec, array in result.outputs:
+            response.outputs.add(name=spec.name, datatype=spec.datatype, shape=list(array.shape))
+            response.raw_output_contents.append(to_binary(spec, array))
+        return response
+
+
+async def start_grpc(host: str, port: int, services_of: Callable[[], GatewayServices],
+                     max_message_bytes: int) -> tuple[grpc.aio.Server, int]:
+    """A started gRPC server on ``host:port`` (0: a free port) and the port it took."""
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", max_message_bytes),
+                                      ("grpc.max_send_message_length", -1),
+                                      ("grpc.so_reuseport", 0)])
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(services_of), server)
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise OSError(f"cannot listen on {address} for gRPC: {exc}") from None
+    if bound == 0:
+        raise OSError(f"cannot listen on {address} for gRPC (is the port taken?)")
+    await server.start()
+    return server, bound

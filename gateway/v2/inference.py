@@ -1,0 +1,155 @@
+"""What both transports of the inference protocol (REST and gRPC) share: finding the model and
+running one inference through Dilu's own invoke path.
+
+A v2 request becomes one ordinary invocation (``{input name: nested list}``) handed to
+``handle_invoke``, so it waits in the same cold-start queue, is batched with Dilu's own
+requests, counts for scaling and shows in the same metrics. Models are functions that declare
+their tensors; a model's only version is the function's current version.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dilu.messages import FunctionStatus
+from dilu.spec import SpecModel, TensorSpec
+from gateway.routes.invoke import handle_invoke
+from gateway.services import FunctionEntry, GatewayServices
+from gateway.v2.tensors import TensorError, from_handler, to_handler
+
+SERVER_NAME = "dilu"
+EXTENSIONS = ["binary_tensor_data"]
+
+
+@dataclass
+class ProtocolError(Exception):
+    """A request the protocol answers with an error: HTTP status and message."""
+
+    status: int
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    version: str
+    status: str
+    spec: SpecModel
+
+    def input(self, name: str) -> TensorSpec:
+        for tensor in self.spec.inputs:
+            if tensor.name == name:
+                return tensor
+        raise ProtocolError(400, f"model {self.name!r} has no input {name!r} (its inputs: "
+                                 f"{', '.join(t.name for t in self.spec.inputs)})")
+
+    def output(self, name: str) -> TensorSpec:
+        for tensor in self.spec.outputs:
+            if tensor.name == name:
+                return tensor
+        raise ProtocolError(400, f"model {self.name!r} has no output {name!r} (its outputs: "
+                                 f"{', '.join(t.name for t in self.spec.outputs)})")
+
+    @property
+    def ready(self) -> bool:
+        # A function scaled to zero is still ready: a request starts an instance.
+        return self.status == FunctionStatus.READY
+
+    def metadata(self) -> dict[str, Any]:
+        def tensors(items: list[TensorSpec]) -> list[dict[str, Any]]:
+            return [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in items]
+
+        return {"name": self.name, "versions": [self.version], "platform": SERVER_NAME,
+                "inputs": tensors(self.spec.inputs), "outputs": tensors(self.spec.outputs)}
+
+
+@dataclass
+class Inference:
+    """One request, decoded: inputs by name and the outputs asked for (None: all)."""
+
+    inputs: dict[str, np.ndarray]
+    outputs: list[str] | None = None
+    id: str | None = None
+
+
+@dataclass
+class Result:
+    model: Model
+    outputs: list[tuple[TensorSpec, np.ndarray]]
+    id: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+async def find_model(services: GatewayServices, name: str, version: str | None = None) -> Model:
+    """The model ``name`` (at ``version``, when given), or a 404 naming what is missing."""
+    entry: FunctionEntry | None = services.functions.get(name)
+    if entry is None:
+        await services.functions.refresh(name)
+        entry = services.functions.get(name)
+    if entry is None:
+        raise ProtocolError(404, f"model {name!r} not found")
+    spec = SpecModel.model_validate(entry.spec)
+    if not spec.serves_v2:
+        raise ProtocolError(404, f"function {name!r} does not declare its tensors (inputs and outputs in its "
+                                 "spec), so it is not served over the inference protocol")
+    if version not in (None, "", str(entry.version)):
+        raise ProtocolError(404, f"model {name!r} has no version {version!r} (it serves version {entry.version})")
+    return Model(name=name, version=str(entry.version), status=entry.status, spec=spec)
+
+
+def _error_message(body: bytes) -> str:
+    try:
+        return str(json.loads(body)["error"])
+    except (ValueError, KeyError, TypeError):
+        return body.decode("utf-8", errors="replace")[:500]
+
+
+async def infer(services: GatewayServices, model: Model, request: Inference) -> Result:
+    """Runs ``request`` on ``model`` through Dilu's invoke path; outputs in the order asked for."""
+    declared = {t.name for t in model.spec.inputs}
+    for name in request.inputs:
+        model.input(name)
+    missing = declared - request.inputs.keys()
+    if missing:
+        raise ProtocolError(400, f"model {model.name!r} needs the input(s) {', '.join(sorted(missing))}")
+    wanted = [model.output(name) for name in request.outputs] if request.outputs else list(model.spec.outputs)
+    try:
+        payload = {t.name: to_handler(t, request.inputs[t.name]) for t in model.spec.inputs}
+    except TensorError as exc:
+        raise ProtocolError(400, str(exc)) from None
+    body = json.dumps(payload, allow_nan=False).encode()
+    sent = [False]
+
+    async def next_chunk() -> tuple[bytes, bool]:
+        if sent[0]:
+            return b"", False
+        sent[0] = True
+        return body, False
+
+    # The body was bounded on the wire; its JSON form may be larger (numbers as text).
+    outcome = await handle_invoke(services, model.name, next_chunk, None, max_bytes=len(body))
+    if outcome.status != 200:
+        raise ProtocolError(outcome.status, _error_message(outcome.body))
+    try:
+        produced = json.loads(outcome.body)
+    except ValueError:
+        raise ProtocolError(500, "the handler's result is not JSON") from None
+    if not isinstance(produced, dict):
+        raise ProtocolError(500, f"the handler of {model.name!r} returned {type(produced).__name__}, not an "
+                                 "object of outputs by name")
+    outputs = []
+    for tensor in wanted:
+        if tensor.name not in produced:
+            raise ProtocolError(500, f"the handler of {model.name!r} returned no output {tensor.name!r}")
+        try:
+            outputs.append((tensor, from_handler(tensor, produced[tensor.name])))
+        except TensorError as exc:
+            raise ProtocolError(500, str(exc)) from None
+    return Result(model=model, outputs=outputs, id=request.id, headers=outcome.headers)

@@ -1,0 +1,194 @@
+"""The inference protocol's REST routes (``/v2/...``): health, server and model metadata,
+readiness and inference, each model also under ``/versions/{version}``."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, Field
+from sqlalchemy import text
+
+from dilu.spec import DATATYPES
+from gateway.docs import AUTH_ERRORS, SECURED, errors
+from gateway.errors import error_response
+from gateway.v2.inference import EXTENSIONS, SERVER_NAME, ProtocolError, find_model, infer
+from gateway.v2.rest_wire import HEADER_LENGTH, decode_request, encode_response
+
+router = APIRouter(prefix="/v2", tags=["inference protocol (v2)"])
+VERSION = "0.1.0"
+
+
+class ServerMetadata(BaseModel):
+    name: str
+    version: str
+    extensions: list[str]
+
+
+class TensorMetadata(BaseModel):
+    name: str
+    datatype: Literal[DATATYPES]
+    shape: list[int]
+
+
+class ModelMetadata(BaseModel):
+    name: str
+    versions: list[str]
+    platform: str
+    inputs: list[TensorMetadata]
+    outputs: list[TensorMetadata]
+
+
+class RequestTensor(BaseModel):
+    name: str
+    datatype: Literal[DATATYPES]
+    shape: list[int]
+    parameters: dict[str, Any] | None = Field(None, description="binary_data_size: the tensor's bytes follow "
+                                                                "the JSON header (binary extension)")
+    data: Any = Field(None, description="Elements, flat or nested in row-major order (absent when binary)")
+
+
+class RequestedOutput(BaseModel):
+    name: str
+    parameters: dict[str, Any] | None = Field(None, description="binary_data: true sends it as raw bytes")
+
+
+class InferenceRequest(BaseModel):
+    id: str | None = None
+    parameters: dict[str, Any] | None = Field(None, description="binary_data_output: true sends every output "
+                                                                "as raw bytes; others are ignored")
+    inputs: list[RequestTensor]
+    outputs: list[RequestedOutput] | None = None
+
+
+class ResponseTensor(BaseModel):
+    name: str
+    datatype: Literal[DATATYPES]
+    shape: list[int]
+    parameters: dict[str, Any] | None = None
+    data: list[Any] | None = None
+
+
+class InferenceResponse(BaseModel):
+    model_name: str
+    model_version: str
+    id: str | None = None
+    outputs: list[ResponseTensor]
+
+
+def _answer(exc: ProtocolError) -> JSONResponse:
+    return error_response(exc.status, exc.message, {"retry-after": "1"} if exc.status == 429 else None)
+
+
+@router.get("", response_model=ServerMetadata)
+def server_metadata() -> dict[str, Any]:
+    """The server's name, version and protocol extensions (open, like the health routes)."""
+    return {"name": SERVER_NAME, "version": VERSION, "extensions": EXTENSIONS}
+
+
+@router.get("/health/live", response_class=Response, responses={200: {"description": "The gateway is serving (empty body)"}})
+def live() -> Response:
+    return Response(status_code=200)
+
+
+@router.get("/health/ready", response_class=Response, responses={200: {"description": "The gateway serves and its database answers"},
+                                        **errors(503)})
+async def ready(request: Request) -> Response:
+    def query() -> None:
+        with request.app.state.services.sessions() as session:
+            session.execute(text("SELECT 1"))
+
+    try:
+        await asyncio.to_thread(query)
+    except Exception as exc:  # noqa: BLE001 - any failure means not ready
+        return error_response(503, f"the database does not answer: {type(exc).__name__}")
+    return Response(status_code=200)
+
+
+_MODEL_ERRORS = {**errors(404), **AUTH_ERRORS}
+_READY_ERRORS = {400: {**errors(400)[400], "description": "The model is not ready (deploying, profiling or failed)"},
+                 **_MODEL_ERRORS}
+
+
+@router.get("/models/{name}", response_model=ModelMetadata, dependencies=SECURED, responses=_MODEL_ERRORS)
+@router.get("/models/{name}/versions/{version}", response_model=ModelMetadata, dependencies=SECURED,
+            responses=_MODEL_ERRORS)
+async def model_metadata(name: str, request: Request, version: str | None = None) -> Any:
+    """A function that declares its tensors, as a model: its version and tensors."""
+    try:
+        model = await find_model(request.app.state.services, name, version)
+    except ProtocolError as exc:
+        return _answer(exc)
+    return model.metadata()
+
+
+@router.get("/models/{name}/ready", response_class=Response, dependencies=SECURED,
+            responses={200: {"description": "Ready: requests are served (a scaled-to-zero model starts an "
+                                            "instance)"}, **_READY_ERRORS})
+@router.get("/models/{name}/versions/{version}/ready", response_class=Response, dependencies=SECURED,
+            responses={200: {"description": "Ready"}, **_READY_ERRORS})
+async def model_ready(name: str, request: Request, version: str | None = None) -> Response:
+    try:
+        model = await find_model(request.app.state.services, name, version)
+    except ProtocolError as exc:
+        return _answer(exc)
+    if not model.ready:
+        return error_response(400, f"model {name!r} is not ready (status {model.status})")
+    return Response(status_code=200)
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ProtocolError(413, f"request body exceeds the limit of {limit} bytes (DILU_MAX_REQUEST_BYTES)")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ProtocolError(413, f"request body exceeds the limit of {limit} bytes (DILU_MAX_REQUEST_BYTES)")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+_INFER_DOC = {
+    "requestBody": {"required": True, "description": "An inference request: JSON, or with the binary tensor "
+                    "data extension a JSON header of Inference-Header-Content-Length bytes and the raw tensors",
+                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/InferenceRequest"}},
+                                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}}
+_INFER_RESPONSES = {
+    200: {"description": "The outputs: JSON, or (when any output is asked for as binary) a JSON header of "
+                         "Inference-Header-Content-Length bytes and the raw outputs",
+          "content": {"application/json": {"schema": {"$ref": "#/components/schemas/InferenceResponse"}},
+                      "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+    **errors(400, 404, 413, 429, 502, 503, 504), **AUTH_ERRORS,
+    422: {**errors(422)[422], "description": "The handler refused the input (dilu.InputError)"},
+    500: {**errors(422)[422], "description": "The handler failed, or its outputs do not match the spec"}}
+
+
+@router.post("/models/{name}/infer", dependencies=SECURED, responses=_INFER_RESPONSES, openapi_extra=_INFER_DOC)
+@router.post("/models/{name}/versions/{version}/infer", dependencies=SECURED, responses=_INFER_RESPONSES,
+             openapi_extra=_INFER_DOC)
+async def model_infer(name: str, request: Request, version: str | None = None) -> Response:
+    """One inference through Dilu's queue, batching and scaling, like ``/v1/functions/{name}/invoke``."""
+    services = request.app.state.services
+    try:
+        model = await find_model(services, name, version)
+        body = await _read_body(request, services.settings.max_request_bytes)
+        inference, choice = decode_request(model, body, request.headers.get(HEADER_LENGTH))
+        result = await infer(services, model, inference)
+        content, headers, media_type = encode_response(result, choice)
+    except ProtocolError as exc:
+        return _answer(exc)
+    return Response(content, headers=headers, media_type=media_type)
+
+
+def add_schemas(openapi: dict[str, Any]) -> None:
+    """Puts the request and response documents the infer routes refer to into the components."""
+    components = openapi.setdefault("components", {}).setdefault("schemas", {})
+    for model in (InferenceRequest, InferenceResponse):
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        for name, definition in schema.pop("$defs", {}).items():
+            components.setdefault(name, definition)
+        components.setdefault(model.__name__, schema)

@@ -1,0 +1,182 @@
+"""Tensors of the Open Inference Protocol (v2), between the wire and a handler's JSON (pure).
+
+A function that declares its tensors gets, per request, ``{input name: nested list}`` (what
+``numpy.ndarray.tolist()`` gives; BYTES elements as text) and returns ``{output name: nested
+list or scalar}``; these helpers convert both ways and check each tensor against the spec. On the
+wire a tensor is JSON (``data``: flat or nested, row-major) or raw little-endian bytes (the binary
+tensor data extension; BYTES elements each prefixed by their 4-byte little-endian length).
+Every problem is a ``TensorError`` whose message names the tensor.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from typing import Any
+
+import numpy as np
+
+from dilu.spec import TensorSpec
+
+NUMPY_TYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_), "UINT8": np.dtype("<u1"), "UINT16": np.dtype("<u2"),
+    "UINT32": np.dtype("<u4"), "UINT64": np.dtype("<u8"), "INT8": np.dtype("<i1"),
+    "INT16": np.dtype("<i2"), "INT32": np.dtype("<i4"), "INT64": np.dtype("<i8"),
+    "FP16": np.dtype("<f2"), "FP32": np.dtype("<f4"), "FP64": np.dtype("<f8"),
+    "BYTES": np.dtype(object),
+}
+_LENGTH = struct.Struct("<I")
+
+
+class TensorError(ValueError):
+    """A tensor that does not match its declaration or its own shape; the message names it."""
+
+
+def element_count(shape: list[int]) -> int:
+    return math.prod(shape)
+
+
+def shape_fits(declared: list[int], actual: list[int] | tuple[int, ...]) -> bool:
+    """Same rank, and every fixed (non -1) dimension equal."""
+    return len(declared) == len(actual) and all(d in (-1, a) for d, a in zip(declared, actual))
+
+
+def _check_shape(spec: TensorSpec, shape: Any) -> list[int]:
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                              for d in shape):
+        raise TensorError(f"input {spec.name!r}: shape must be a list of sizes >= 0")
+    if not shape_fits(spec.shape, shape):
+        raise TensorError(f"input {spec.name!r}: shape {shape} does not fit the declared shape {spec.shape}")
+    return shape
+
+
+def check_header(spec: TensorSpec, datatype: Any, shape: Any) -> list[int]:
+    """The shape of an input whose header (datatype, shape) matches ``spec``."""
+    if datatype != spec.datatype:
+        raise TensorError(f"input {spec.name!r}: datatype {datatype!r} given, the function declares "
+                          f"{spec.datatype}")
+    return _check_shape(spec, shape)
+
+
+def _flatten(data: Any) -> list:
+    if not isinstance(data, list):
+        return [data]
+    flat: list = []
+    stack = [iter(data)]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list):
+                stack.append(iter(item))
+                break
+            flat.append(item)
+        else:
+            stack.pop()
+    return flat
+
+
+def from_json(spec: TensorSpec, shape: list[int], data: Any) -> np.ndarray:
+    """An input sent as JSON ``data`` (flat or nested, row-major)."""
+    flat = _flatten(data)
+    if len(flat) != element_count(shape):
+        raise TensorError(f"input {spec.name!r}: {len(flat)} elements given, shape {shape} holds "
+                          f"{element_count(shape)}")
+    if spec.datatype == "BYTES":
+        if not all(isinstance(item, str) for item in flat):
+            raise TensorError(f"input {spec.name!r}: BYTES elements are strings in JSON")
+        array = np.empty(len(flat), dtype=object)
+        array[:] = flat
+        return array.reshape(shape)
+    if spec.datatype == "BOOL":
+        if not all(isinstance(item, bool) for item in flat):
+            raise TensorError(f"input {spec.name!r}: BOOL elements are true or false")
+    elif not all(isinstance(item, (int, float)) and not isinstance(item, bool) for item in flat):
+        raise TensorError(f"input {spec.name!r}: {spec.datatype} elements are numbers")
+    try:
+        with np.errstate(over="raise", invalid="raise"):
+            array = np.array(flat, dtype=NUMPY_TYPES[spec.datatype])
+    except (OverflowError, ValueError, FloatingPointError, TypeError) as exc:
+        raise TensorError(f"input {spec.name!r}: an element does not fit {spec.datatype}: {exc}") from None
+    if spec.datatype.startswith(("INT", "UINT")) and not all(float(v) == int(v) for v in flat):
+        raise TensorError(f"input {spec.name!r}: {spec.datatype} elements are whole numbers")
+    return array.reshape(shape)
+
+
+def from_binary(spec: TensorSpec, shape: list[int], raw: bytes | memoryview) -> np.ndarray:
+    """An input sent as raw bytes (binary extension, or gRPC ``raw_input_contents``)."""
+    count = element_count(shape)
+    if spec.datatype == "BYTES":
+        return _split_bytes(spec, raw, count).reshape(shape)
+    dtype = NUMPY_TYPES[spec.datatype]
+    if len(raw) != count * dtype.itemsize:
+        raise TensorError(f"input {spec.name!r}: {len(raw)} bytes given, shape {shape} of {spec.datatype} "
+                          f"takes {count * dtype.itemsize}")
+    return np.frombuffer(raw, dtype=dtype).reshape(shape)
+
+
+def _split_bytes(spec: TensorSpec, raw: bytes | memoryview, count: int) -> np.ndarray:
+    view, items, offset = memoryview(raw), [], 0
+    while offset < len(view):
+        if offset + 4 > len(view):
+            raise TensorError(f"input {spec.name!r}: a BYTES element's 4-byte length is cut short")
+        (length,) = _LENGTH.unpack_from(view, offset)
+        offset += 4
+        if offset + length > len(view):
+            raise TensorError(f"input {spec.name!r}: a BYTES element is shorter than its length says")
+        items.append(bytes(view[offset:offset + length]))
+        offset += length
+    if len(items) != count:
+        raise TensorError(f"input {spec.name!r}: {len(items)} BYTES elements given, the shape holds {count}")
+    array = np.empty(count, dtype=object)
+    array[:] = items
+    return array
+
+
+def to_handler(spec: TensorSpec, array: np.ndarray) -> Any:
+    """What the handler receives for an input: nested lists; BYTES elements as text."""
+    if spec.datatype != "BYTES":
+        return array.tolist()
+
+    def text(item: Any) -> str:
+        if isinstance(item, str):
+            return item
+        try:
+            return bytes(item).decode("utf-8")
+        except UnicodeDecodeError:
+            raise TensorError(f"input {spec.name!r}: a BYTES element is not UTF-8 text (handlers receive "
+                              "BYTES as text)") from None
+
+    return np.vectorize(text, otypes=[object])(array).tolist() if array.size else array.tolist()
+
+
+def from_handler(spec: TensorSpec, value: Any) -> np.ndarray:
+    """An output as the handler returned it, checked against its declaration."""
+    try:
+        if spec.datatype == "BYTES":
+            array = np.array(value, dtype=object)
+            array = np.vectorize(lambda item: item if isinstance(item, str) else str(item),
+                                 otypes=[object])(array) if array.size else array
+        else:
+            with np.errstate(over="raise", invalid="raise"):
+                array = np.array(value, dtype=NUMPY_TYPES[spec.datatype])
+    except (OverflowError, ValueError, FloatingPointError, TypeError) as exc:
+        raise TensorError(f"output {spec.name!r}: the handler's value is not a {spec.datatype} tensor: {exc}") from None
+    if not shape_fits(spec.shape, array.shape):
+        raise TensorError(f"output {spec.name!r}: the handler returned shape {list(array.shape)}, the spec "
+                          f"declares {spec.shape}")
+    return array
+
+
+def to_json_data(spec: TensorSpec, array: np.ndarray) -> list:
+    """An output's flat ``data`` for a JSON response."""
+    return array.reshape(-1).tolist()
+
+
+def to_binary(spec: TensorSpec, array: np.ndarray) -> bytes:
+    """An output's raw bytes (binary extension, or gRPC ``raw_output_contents``)."""
+    if spec.datatype == "BYTES":
+        parts = []
+        for item in array.reshape(-1):
+            encoded = item.encode("utf-8") if isinstance(item, str) else bytes(item)
+            parts += [_LENGTH.pack(len(encoded)), encoded]
+        return b"".join(parts)
+    return np.ascontiguousarray(array, dtype=NUMPY_TYPES[spec.datatype]).tobytes()

@@ -1,0 +1,80 @@
+"""The inference protocol's tensor conversions and request decoding (pure)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from tritonclient.grpc import service_pb2
+from tritonclient.utils import serialize_byte_tensor
+
+from dilu.spec import SpecModel, TensorSpec
+from gateway.v2.grpc_service import decode
+from gateway.v2.inference import Model, ProtocolError, Result
+from gateway.v2.rest_wire import OutputChoice, decode_request, encode_response
+from gateway.v2.tensors import TensorError, from_binary, from_handler, from_json, to_binary, to_handler
+
+pytestmark = pytest.mark.unit
+WORDS = TensorSpec(name="words", datatype="BYTES", shape=[-1])
+COUNTS = TensorSpec(name="counts", datatype="INT32", shape=[2, -1])
+MODEL = Model(name="m", version="3", status="ready", spec=SpecModel(
+    name="m", handler="h:H", inputs=[WORDS, COUNTS], outputs=[TensorSpec(name="y", datatype="FP16", shape=[-1])]))
+
+
+def test_bytes_travel_length_prefixed_and_reach_the_handler_as_text() -> None:
+    raw = serialize_byte_tensor(np.array([b"caf\xc3\xa9", b""], dtype=object)).item()
+    array = from_binary(WORDS, [2], raw)
+    assert to_handler(WORDS, array) == ["café", ""]
+    assert to_binary(WORDS, from_handler(WORDS, ["café", ""])) == raw
+    with pytest.raises(TensorError, match="cut short"):
+        from_binary(WORDS, [2], raw[:3])
+    with pytest.raises(TensorError, match="not UTF-8"):
+        to_handler(WORDS, from_binary(WORDS, [1], b"\x01\0\0\0\xff"))
+
+
+def test_numbers_are_checked_against_their_type() -> None:
+    assert from_json(COUNTS, [2, 2], [[1, 2], [3, 4]]).dtype == np.int32
+    for data, message in (([1, 2, 3], "3 elements given"), ([1, 2, 3, 2**40], "does not fit INT32"),
+                          ([1, 2, 3, 4.5], "whole numbers"), ([1, 2, 3, True], "are numbers")):
+        with pytest.raises(TensorError, match=message):
+            from_json(COUNTS, [2, 2], data)
+    with pytest.raises(TensorError, match="takes 16"):
+        from_binary(COUNTS, [2, 2], b"\0" * 12)
+    with pytest.raises(TensorError, match=r"returned shape \[3\], the spec declares \[2, -1\]"):
+        from_handler(COUNTS, [1, 2, 3])
+
+
+def test_rest_request_mixes_json_and_binary_inputs_and_answers_as_asked() -> None:
+    counts = np.array([[1, 2], [3, 4]], dtype="<i4")
+    header = json.dumps({"id": "a", "inputs": [
+        {"name": "words", "datatype": "BYTES", "shape": [1], "data": ["hi"]},
+        {"name": "counts", "datatype": "INT32", "shape": [2, 2], "parameters": {"binary_data_size": 16}}],
+        "outputs": [{"name": "y", "parameters": {"binary_data": True}}]}).encode()
+    inference, choice = decode_request(MODEL, header + counts.tobytes(), str(len(header)))
+    assert inference.id == "a" and inference.outputs == ["y"] and choice.is_binary("y")
+    np.testing.assert_array_equal(inference.inputs["counts"], counts)
+    assert to_handler(WORDS, inference.inputs["words"]) == ["hi"]
+
+    y = from_handler(MODEL.spec.outputs[0], [0.5, 1.5])
+    body, headers, media = encode_response(Result(model=MODEL, outputs=[(MODEL.spec.outputs[0], y)], id="a"), choice)
+    size = int(headers["inference-header-content-length"])
+    document = json.loads(body[:size])
+    assert media == "application/octet-stream" and document["outputs"][0]["parameters"]["binary_data_size"] == 4
+    np.testing.assert_array_equal(np.frombuffer(body[size:], dtype="<f2"), [0.5, 1.5])
+    body, headers, media = encode_response(Result(model=MODEL, outputs=[(MODEL.spec.outputs[0], y)]), OutputChoice())
+    assert media == "application/json" and json.loads(body)["outputs"][0]["data"] == [0.5, 1.5]
+
+
+def test_grpc_typed_contents_are_accepted_like_raw_ones() -> None:
+    request = service_pb2.ModelInferRequest(model_name="m")
+    words = request.inputs.add(name="words", datatype="BYTES", shape=[2])
+    words.contents.bytes_contents.extend([b"a", b"b"])
+    counts = request.inputs.add(name="counts", datatype="INT32", shape=[2, 1])
+    counts.contents.int_contents.extend([7, 8])
+    inference = decode(MODEL, request)
+    assert to_handler(WORDS, inference.inputs["words"]) == ["a", "b"]
+    assert inference.inputs["counts"].tolist() == [[7], [8]] and inference.outputs is None
+    request.raw_input_contents.append(b"\0")
+    with pytest.raises(ProtocolError, match="raw_input_contents holds 1 tensors for 2 inputs"):
+        decode(MODEL, request)
