@@ -92,6 +92,7 @@ class GatewaySettings(CommonSettings):
     request_timeout_s: float = Field(300.0, gt=0, description="Upper bound on one forwarded request")
     routes_refresh_s: float = Field(2.0, gt=0, description="Full routing-table refresh, beside events")
     stats_flush_s: float = Field(0.5, gt=0, description="How often request counters reach the state store")
+    share_sample_s: float = Field(1.0, gt=0, description="How often the dashboard's share history is sampled")
 
 
 def path_roots(value: str) -> list[Path]:

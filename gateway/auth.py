@@ -114,6 +114,8 @@ def need_for(method: str, path: str, metrics_public: bool) -> tuple[Need | None,
     function. One table for every route, checked before anything reads the body."""
     if path in OPEN_PATHS or (path == "/metrics" and metrics_public):
         return None, None
+    if method in ("GET", "HEAD") and (path == "/dashboard" or path.startswith("/dashboard/")):
+        return None, None   # the page and its script hold no data; what they fetch needs a key
     parts = path.strip("/").split("/")
     if method == "POST" and len(parts) == 4 and parts[:2] == ["v1", "functions"] and parts[3] == "invoke":
         return Need.INVOKE, parts[2]

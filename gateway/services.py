@@ -21,6 +21,7 @@ from dilu.default_impl import create_scheduler
 from dilu.messages import READY, Endpoint, FunctionStatus, InstanceRole
 from dilu.state.base import Channel, StateStore, follow
 from gateway.auth import Authenticator
+from gateway.dashboard.view import LatencyWindow, ShareHistory, sample
 from gateway.forward import Forwarder
 from gateway.routing import RoutingTable
 from dilu.worker_client import WorkerDirectory
@@ -112,6 +113,8 @@ class GatewayServices:
         self.forwarder = Forwarder()
         self.scheduler = create_scheduler(settings.scheduler)  # admits resizes as placements are admitted
         self.auth = Authenticator(sessions, settings.admin_key)
+        self.latency = LatencyWindow()     # the dashboard's p99 of what this gateway served
+        self.shares = ShareHistory()       # the dashboard's granted/used shares over time
         self._tasks: list[asyncio.Task] = []
         self._pending_counts: dict[str, dict[int, int]] = {}
         self._pending_totals: dict[str, int] = {}
@@ -126,6 +129,7 @@ class GatewayServices:
             asyncio.create_task(self._follow(Channel.FUNCTIONS, self._on_function)),
             asyncio.create_task(self._every(self.settings.routes_refresh_s, self._refresh_all)),
             asyncio.create_task(self._every(self.settings.stats_flush_s, self.flush_activity)),
+            asyncio.create_task(self._every(self.settings.share_sample_s, self.sample_shares)),
         ]
 
     async def stop(self) -> None:
@@ -138,6 +142,18 @@ class GatewayServices:
         except Exception:
             log.exception("final activity flush failed")
         await self.forwarder.close()
+
+    async def sample_shares(self) -> None:
+        """Adds one sample of every GPU instance's granted and used share to the history."""
+        telemetry = await self.store.telemetry()
+        if not telemetry:
+            return
+
+        def active():  # noqa: ANN202
+            with self.sessions() as session:
+                return repo.list_instances(session=session, active_only=True)
+
+        self.shares.add(time.time(), sample(await asyncio.to_thread(active), telemetry))
 
     async def _follow(self, channel: Channel, handle) -> None:  # noqa: ANN001
         """Handles the channel's events for ever: a lost state store is resubscribed to when it

@@ -86,7 +86,10 @@ async def handle_invoke(services: GatewayServices, name: str, next_chunk: BodyCh
     inference protocol bounds its own wire format and hands over the JSON it made)."""
     started = time.perf_counter()
     outcome = await _invoke(services, name, next_chunk, content_length, max_bytes)
-    _METRICS.observe(name, outcome.status, time.perf_counter() - started)
+    elapsed = time.perf_counter() - started
+    _METRICS.observe(name, outcome.status, elapsed)
+    if outcome.status < 400:
+        services.latency.observe(name, time.time(), elapsed)
     return outcome
 
 

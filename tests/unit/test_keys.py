@@ -65,6 +65,9 @@ def test_unknown_scopes_are_refused(bad: list[str]) -> None:
     ("POST", "/v2/models/iris/infer", Need.INVOKE, "iris"),
     ("POST", "/v2/models/iris/versions/3/infer", Need.INVOKE, "iris"),
     ("POST", "/v2/repository/index", Need.ADMIN, None),
+    ("GET", "/dashboard", None, None),
+    ("GET", "/dashboard/dashboard.js", None, None),
+    ("GET", "/v1/dashboard", Need.READ, None),
 ])
 def test_every_route_needs_a_scope(method: str, path: str, need: Need | None, function: str | None) -> None:
     assert need_for(method, path, metrics_public=True) == (need, function)

@@ -1,0 +1,116 @@
+"""The dashboard in headless Chromium (Debian's chromium and chromium-driver, driven by Selenium):
+it asks for a key, then shows functions, the simulated GPU with its instances' granted and used
+shares over time, memory slices, scaling decisions and logs, and follows changes live."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+from selenium import webdriver
+from selenium.webdriver.chrome.options import Options
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import Select, WebDriverWait
+
+from tests.conftest import ROOT
+from tests.shim_harness import build_shim
+
+EXAMPLE = ROOT / "examples" / "synthetic-gpu"
+ADMIN = "dashboard-admin-key-0123456789"
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+TRAINING_COLOUR = (0x33, 0x66, 0xCC)   # the first colour of the page's palette: the first function drawn
+
+
+@pytest.fixture
+def browser():  # noqa: ANN201
+    assert CHROMIUM and CHROMEDRIVER, "the dashboard tests need Debian's chromium and chromium-driver (.ci/run installs them)"
+    options = Options()
+    options.binary_location = CHROMIUM
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     "--window-size=1500,1400", "--force-device-scale-factor=1"):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    yield driver
+    driver.quit()
+
+
+def _wait(driver, condition, what: str, timeout: float = 60):  # noqa: ANN001, ANN202
+    return WebDriverWait(driver, timeout, poll_frequency=0.2).until(lambda d: condition(d), message=what)
+
+
+def _cell(driver, function: str, column: str) -> str:  # noqa: ANN001
+    return driver.find_element(By.CSS_SELECTOR, f'tr[data-function="{function}"] td.{column}').text
+
+
+def _coloured_pixels(path: Path, colour: tuple[int, int, int]) -> int:
+    with Image.open(path) as image:
+        pixels = np.asarray(image.convert("RGB"), dtype=np.int16)
+    return int((np.abs(pixels - np.array(colour, dtype=np.int16)) <= 12).all(axis=-1).sum())
+
+
+def test_dashboard_shows_the_platform_live(start_platform, browser, tmp_path: Path) -> None:  # noqa: ANN001
+    build_shim()
+    platform = start_platform(env={"DILU_FAKE_GPUS": "1", "DILU_GPUS": "none", "DILU_ADMIN_KEY": ADMIN,
+                                   "DILU_API_KEY": ADMIN})
+    platform.http.headers["authorization"] = f"Bearer {ADMIN}"
+    for spec in ("training.yaml", "latency.yaml"):
+        deployed = platform.cli("deploy", str(EXAMPLE / spec))
+        assert deployed.returncode == 0, deployed.stderr
+    platform.wait_ready("synthetic-training")
+    platform.wait_ready("synthetic-latency")
+
+    page = httpx.get(f"{platform.url}/dashboard")
+    assert page.status_code == 200 and "default-src 'self'" in page.headers["content-security-policy"]
+    assert httpx.get(f"{platform.url}/v1/dashboard").status_code == 401   # the data needs a key
+
+    browser.get(f"{platform.url}/dashboard")
+    form = _wait(browser, lambda d: d.find_element(By.ID, "key-form").is_displayed()
+                 and d.find_element(By.ID, "key-form"), "the page to ask for a key")
+    assert "needs an API key" in browser.find_element(By.ID, "key-error").text
+    form.find_element(By.ID, "key").send_keys(ADMIN)
+    form.find_element(By.TAG_NAME, "button").click()
+
+    _wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#functions tr[data-function]")) == 2,
+          "both functions in the table")
+    assert "ready" in _cell(browser, "synthetic-training", "instances")
+    assert "fake" in browser.find_element(By.CSS_SELECTOR, ".device h3").text.lower()
+    assert "memory slices: 512.0 MiB" in browser.find_element(By.CSS_SELECTOR, ".device").text
+
+    # Live: requests show up without a reload...
+    before = int(_cell(browser, "synthetic-latency", "requests"))
+    for _ in range(5):
+        assert platform.invoke("synthetic-latency", {}).status_code == 200
+    _wait(browser, lambda d: int(_cell(d, "synthetic-latency", "requests")) >= before + 5, "the request count to rise")
+    _wait(browser, lambda d: _cell(d, "synthetic-latency", "p99").split(" /")[0] not in ("–", ""), "a p99")
+    # The vertical-scaling picture: granted and used lines of both instances (an instance appears
+    # once its first kernel has registered it with the token manager).
+    _wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "path[data-series$=':granted']")) == 2
+          and len(d.find_elements(By.CSS_SELECTOR, "path[data-series$=':used']")) == 2, "share lines of both instances")
+
+    # ...and so does a vertical resize: the training instance's granted share drops to its new limit.
+    training = platform.instances("synthetic-training")[0]["id"]
+    granted = lambda d: float(d.find_element(By.CSS_SELECTOR, f'tr[data-instance="{training}"]')  # noqa: E731
+                              .get_attribute("data-granted") or "nan")
+    _wait(browser, lambda d: granted(d) > 0.3, "the training instance's share before the resize")
+    assert platform.cli("scale", "synthetic-training", "--sm-request", "0.1", "--sm-limit", "0.2").returncode == 0
+    _wait(browser, lambda d: granted(d) <= 0.2 + 1e-6, "the resize to show")
+
+    events = _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#events tbody tr"), "scaling decisions")
+    assert any("synthetic-training" in row.text for row in events)
+    Select(browser.find_element(By.ID, "log-function")).select_by_value("synthetic-training")
+    _wait(browser, lambda d: "ready" in d.find_element(By.ID, "logs").text, "the instance log")
+
+    shot = tmp_path / "dashboard.png"
+    assert browser.save_screenshot(str(shot))
+    with Image.open(shot) as image:
+        assert image.size[0] >= 1400
+    # The chart is drawn: the first function's colour covers a visible stretch of the picture.
+    assert _coloured_pixels(shot, TRAINING_COLOUR) > 300
+    if os.environ.get("DILU_SCREENSHOT_TO"):   # `DILU_SCREENSHOT_TO=docs/dashboard.png pytest ...`
+        shutil.copy(shot, os.environ["DILU_SCREENSHOT_TO"])
