@@ -131,6 +131,9 @@ class WorkerSettings(CommonSettings):
     docker_image: str = Field("dilu/runtime-cpu:latest", description="Function runtime image of CPU instances")
     docker_gpu_image: str = Field("dilu/runtime-cuda:latest", description="Function runtime image of GPU instances")
     docker_user: str = Field("10001:10001", description="uid:gid instances run as in their containers (never root)")
+    instance_user: str = Field("nobody", description="Process runtime, worker running as root: the user (a name "
+                                                     "or uid:gid, never root) instance processes run as; auto: "
+                                                     "nobody if it can start the runtime, else the worker's user")
     docker_read_only: bool = Field(True, description="Read-only root filesystem for instance containers "
                                                      "(a tmpfs at /tmp)")
     heartbeat_s: float = Field(1.0, gt=0)
@@ -157,12 +160,12 @@ class WorkerSettings(CommonSettings):
             raise ValueError(f"unknown runtime {value!r}; known: process, docker")
         return value
 
-    @field_validator("docker_user")
+    @field_validator("docker_user", "instance_user")
     @classmethod
     def _not_root(cls, value: str) -> str:
         uid = value.partition(":")[0]
         if uid in ("", "0", "root"):
-            raise ValueError("instances never run as root: set a uid:gid other than 0")
+            raise ValueError("instances never run as root: set a user or uid:gid other than root")
         return value
 
     @property
@@ -189,6 +192,8 @@ class AllInOneSettings(GatewaySettings, ControllerSettings, WorkerSettings):
     local_roots: str = Field(default_factory=_default_local_roots,
                              description="Folders deploys by local path may name (default: the current "
                                          "folder and the examples)")
+    instance_user: str = Field("auto", description="Worker running as root: the user instances run as; auto: "
+                                                   "nobody when it can start the runtime, else (said loudly) root")
 
 
 class CliSettings(BaseSettings):

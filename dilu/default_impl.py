@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import socket
+from pathlib import Path
 
 import httpx
 
@@ -30,20 +33,51 @@ def create_scheduler(name: str = "dilu") -> Scheduler:
     return create_policy_scheduler(name)
 
 
+log = logging.getLogger(__name__)
+
+
 def create_backend(settings: WorkerSettings) -> RuntimeBackend:
     if settings.runtime == "process":
         from worker.backends.process import ProcessBackend
 
         from worker.cgroups import CpuLimiter
 
+        user = _instance_user(settings) if os.geteuid() == 0 else None
         return ProcessBackend(state_dir=settings.home, python=settings.python, host=settings.host,
                               advertise_host=settings.effective_advertise_host, cpu=CpuLimiter(),
-                              spares=settings.spare_processes)
+                              spares=settings.spare_processes, user=user)
     if settings.runtime == "docker":
         from worker.backends.docker import DockerBackend
 
         return DockerBackend.from_settings(settings)
     raise ValueError(f"unknown runtime {settings.runtime!r}; known: process, docker")
+
+
+def _instance_user(settings: WorkerSettings):  # noqa: ANN202 - worker.sandbox.InstanceUser | None
+    """The user a root worker runs instances as. ``auto`` (the `dilu up` default): ``nobody`` when
+    it can start the runtime, else the worker's own user, said loudly; a named user must work."""
+    import sys
+
+    from worker.sandbox import resolve_user, runtime_problem
+
+    automatic = settings.instance_user == "auto"
+    name = "nobody" if automatic else settings.instance_user
+    python = settings.python or sys.executable
+    try:
+        user = resolve_user(name)
+        problem = runtime_problem(python, user, Path("/"))
+    except ValueError as exc:
+        problem, user = str(exc), None
+    if problem is None:
+        return user
+    fix = (f"make the Python environment ({sys.prefix}, {python}) and Dilu readable by {name!r} (a Python "
+           "under /root is not), or name another user in DILU_INSTANCE_USER")
+    if not automatic:
+        raise RuntimeError(f"instances would run as {name!r}, who cannot start the instance runtime "
+                           f"({problem}): {fix}")
+    log.warning("INSTANCE CODE RUNS AS ROOT: %r cannot start the instance runtime (%s); to run instances "
+                "unprivileged, %s", name, problem, fix)
+    return None
 
 
 def create_http_client() -> httpx.AsyncClient:

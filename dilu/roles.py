@@ -89,7 +89,7 @@ async def _serve(server: uvicorn.Server, sock: socket.socket, host: str, on_read
                 await task
 
 
-def _gpu_control(settings: WorkerSettings, device) -> GpuControl | None:  # noqa: ANN001
+def _gpu_control(settings: WorkerSettings, device, run_dir: Path) -> GpuControl | None:  # noqa: ANN001
     """The token manager and shim injection of a GPU worker; None on the CPU."""
     if device.kind != "gpu":
         return None
@@ -98,7 +98,7 @@ def _gpu_control(settings: WorkerSettings, device) -> GpuControl | None:  # noqa
     except ShimUnavailable as exc:
         log.warning("%s: instances on %s run without the kernel-token shim", exc, device.uuid)
         return None
-    control = GpuControl(device=device, shim=shim, run_dir=settings.home / "run",
+    control = GpuControl(device=device, shim=shim, run_dir=run_dir,
                          capacity_per_s=settings.token_capacity, fake_ns_per_block=settings.fake_ns_per_block)
     control.start()
     return control
@@ -110,6 +110,9 @@ def _make_agents(settings: WorkerSettings, store, sessions, url_for=None) -> lis
     except RuntimeError as exc:
         raise StartupError(str(exc)) from None
     bundles = BundleCache(sessions=sessions, cache_dir=settings.home / "bundles", max_bytes=settings.max_bundle_bytes)
+    # Token-manager sockets where every instance can reach them (instances of a root worker run
+    # as another user, who cannot enter the worker's home).
+    run_dir = backend.shared_dir or settings.home / "run"
     agents = []
     for position, device in enumerate(discover_devices(settings.gpus, settings.fake_gpus)):
         info = WorkerInfo(id=worker_id(device, settings.worker_name), host=settings.effective_advertise_host,
@@ -118,7 +121,7 @@ def _make_agents(settings: WorkerSettings, store, sessions, url_for=None) -> lis
             info=info, backend=backend, store=store, logs_dir=settings.logs_dir,
             heartbeat_s=settings.heartbeat_s, worker_ttl_s=settings.worker_ttl_s,
             health_poll_s=settings.health_poll_s, stop_grace_s=settings.stop_grace_s,
-            startup_timeout_s=settings.startup_timeout_s, gpu=_gpu_control(settings, device), bundles=bundles))
+            startup_timeout_s=settings.startup_timeout_s, gpu=_gpu_control(settings, device, run_dir), bundles=bundles))
     return agents
 
 

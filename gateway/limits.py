@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 
 from dilu.limits import LimitExceeded, check_json_depth
 
@@ -60,3 +61,20 @@ async def _reply(send, status: int, message: str) -> None:  # noqa: ANN001
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
+
+
+class BodyTooLarge(Exception):
+    """A streamed body passed its limit (its declared length, or what arrived)."""
+
+
+async def read_capped(chunks: AsyncIterator[bytes], declared: str | None, limit: int) -> bytes:
+    """The whole body, never buffered past ``limit`` bytes (``BodyTooLarge`` instead)."""
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge
+    parts, size = [], 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge
+        parts.append(chunk)
+    return b"".join(parts)

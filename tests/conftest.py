@@ -49,3 +49,16 @@ def redis_prefix() -> str:
     if keys:
         client.delete(*keys)
     client.close()
+
+
+@pytest.fixture
+def instance_visible_dir():  # noqa: ANN201
+    """A folder instance processes can see into (pytest's own temp folders are 0700 and a root
+    worker's instances run as nobody): for files a test hands to a function."""
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="dilu-test-shared-"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)

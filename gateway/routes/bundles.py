@@ -11,6 +11,7 @@ from dilu.bundles import digest_of
 from dilu.db import repo
 from gateway.deps import ServicesDep
 from gateway.docs import AUTH_ERRORS, SECURED, errors
+from gateway.limits import BodyTooLarge, read_capped
 
 class BundleStored(BaseModel):
     digest: str
@@ -23,17 +24,10 @@ DIGEST = Path(..., pattern=r"^sha256:[0-9a-f]{64}$", description="sha256:<64 hex
 
 async def read_limited(request: Request, limit: int) -> bytes:
     """The request body, or 413 as soon as it passes ``limit`` bytes (never buffered past it)."""
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise HTTPException(413, f"bundle of {int(declared)} bytes is over the limit of {limit} bytes "
-                                 "(DILU_MAX_BUNDLE_BYTES)")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise HTTPException(413, f"bundle is over the limit of {limit} bytes (DILU_MAX_BUNDLE_BYTES)")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    try:
+        return await read_capped(request.stream(), request.headers.get("content-length"), limit)
+    except BodyTooLarge:
+        raise HTTPException(413, f"bundle is over the limit of {limit} bytes (DILU_MAX_BUNDLE_BYTES)") from None
 
 
 @router.post("", status_code=201, response_model=BundleStored, responses={

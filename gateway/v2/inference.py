@@ -44,18 +44,17 @@ class Model:
     spec: SpecModel
 
     def input(self, name: str) -> TensorSpec:
-        for tensor in self.spec.inputs:
-            if tensor.name == name:
-                return tensor
-        raise ProtocolError(400, f"model {self.name!r} has no input {name!r} (its inputs: "
-                                 f"{', '.join(t.name for t in self.spec.inputs)})")
+        return self._tensor("input", self.spec.inputs, name)
 
     def output(self, name: str) -> TensorSpec:
-        for tensor in self.spec.outputs:
+        return self._tensor("output", self.spec.outputs, name)
+
+    def _tensor(self, kind: str, declared: list[TensorSpec], name: str) -> TensorSpec:
+        for tensor in declared:
             if tensor.name == name:
                 return tensor
-        raise ProtocolError(400, f"model {self.name!r} has no output {name!r} (its outputs: "
-                                 f"{', '.join(t.name for t in self.spec.outputs)})")
+        raise ProtocolError(400, f"model {self.name!r} has no {kind} {name!r} (its {kind}s: "
+                                 f"{', '.join(t.name for t in declared)})")
 
     @property
     def ready(self) -> bool:

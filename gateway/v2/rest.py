@@ -14,6 +14,7 @@ from sqlalchemy import text
 from dilu.spec import DATATYPES
 from gateway.docs import AUTH_ERRORS, SECURED, errors
 from gateway.errors import error_response
+from gateway.limits import BodyTooLarge, read_capped
 from gateway.v2.inference import EXTENSIONS, SERVER_NAME, ProtocolError, find_model, infer
 from gateway.v2.rest_wire import HEADER_LENGTH, decode_request, encode_response
 
@@ -140,16 +141,10 @@ async def model_ready(name: str, request: Request, version: str | None = None) -
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise ProtocolError(413, f"request body exceeds the limit of {limit} bytes (DILU_MAX_REQUEST_BYTES)")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ProtocolError(413, f"request body exceeds the limit of {limit} bytes (DILU_MAX_REQUEST_BYTES)")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    try:
+        return await read_capped(request.stream(), request.headers.get("content-length"), limit)
+    except BodyTooLarge:
+        raise ProtocolError(413, f"request body exceeds the limit of {limit} bytes (DILU_MAX_REQUEST_BYTES)") from None
 
 
 _INFER_DOC = {

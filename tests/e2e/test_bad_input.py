@@ -134,9 +134,10 @@ def test_cli_reports_an_unreachable_gateway(serving) -> None:  # noqa: ANN001
     assert result.returncode == 1 and "cannot reach the Dilu gateway" in result.stderr
 
 
-def test_cold_start_queue_overflow_and_deadline(start_platform, tmp_path: Path) -> None:
+def test_cold_start_queue_overflow_and_deadline(start_platform, tmp_path: Path,
+                                                instance_visible_dir: Path) -> None:
     platform = start_platform(env={"DILU_QUEUE_SIZE": "1", "DILU_QUEUE_TIMEOUT_S": "1.5"})
-    release = tmp_path / "release"
+    release = instance_visible_dir / "release"
     source = shutil.copytree(FIXTURE_FUNCTIONS / "slow_load", tmp_path / "slow")
     (source / "model.yaml").write_text(
         "name: slow\nhandler: handler:SlowLoad\nresources:\n  memory: 64Mi\n  gpu: false\n"

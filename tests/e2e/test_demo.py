@@ -32,7 +32,13 @@ def _check_echo(body: dict) -> None:
     assert body == json.loads((EXAMPLES / "echo" / "request.json").read_text())
 
 
-CHECKS = {"resnet": _check_resnet, "bert": _check_bert, "gpt": _check_gpt, "echo": _check_echo}
+def _check_iris(body: dict) -> None:
+    assert body["species"] == ["setosa", "virginica"]
+    assert all(abs(sum(row) - 1) < 1e-5 for row in body["probabilities"])
+
+
+CHECKS = {"resnet": _check_resnet, "bert": _check_bert, "gpt": _check_gpt, "echo": _check_echo,
+          "iris": _check_iris}
 
 
 @pytest.mark.parametrize("backend", ["embedded", "postgres+redis"])

@@ -59,5 +59,10 @@ class RuntimeBackend(Protocol):
     def release(self, instance_id: str) -> None:
         """Frees what the backend kept for an ended instance; idempotent."""
 
+    @property
+    def shared_dir(self) -> Path | None:
+        """A folder its instances can all reach, for the token-manager sockets, when they cannot
+        reach the worker's home (instances running as another user); None: the home will do."""
+
     def close(self) -> None:
         """Frees what the backend holds for future instances (spare processes); idempotent."""

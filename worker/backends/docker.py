@@ -257,6 +257,10 @@ class DockerBackend:
         except docker.errors.DockerException as exc:
             log.warning("stopping %s: %s", running.handle.name, _short(exc))
 
+    @property
+    def shared_dir(self) -> None:
+        return None   # the sockets' folder is mounted into each container
+
     def release(self, instance_id: str) -> None:
         """Keeps the ended container's output in the worker's log file, then removes it (in the
         background: the engine's answers must not hold up the agent's loop)."""

@@ -9,6 +9,9 @@ environment can be applied after start-up (no ``PYTHON*`` or ``LD_*`` variables 
 takes a spare instead of a fresh process - its cold start skips about 300 ms of interpreter
 start and imports - and a new spare is started behind it. GPU instances always start fresh:
 the shim must be preloaded when the process starts.
+
+A worker running as root starts every instance (and spare) as an unprivileged user, each in a
+folder of its own (``worker.sandbox``); the instance's config travels in its environment.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from dilu.instance_protocol import InstanceConfig
 from dilu.messages import DeviceInfo, StartInstance
 from worker.cgroups import CpuLimiter, join_group, join_group_of
 from worker.backends.base import RunningInstance, endpoint_url
+from worker.sandbox import InstanceUser, Sandboxes, become
 
 _PR_SET_PDEATHSIG = 1
 logger = logging.getLogger(__name__)
@@ -44,10 +48,12 @@ def _die_with_parent() -> None:
         pass
 
 
-def _child_setup(procs_file: str | None):  # noqa: ANN202
+def _child_setup(procs_file: str | None, user: InstanceUser | None):  # noqa: ANN202
     def setup() -> None:
-        _die_with_parent()
-        join_group(procs_file)
+        join_group(procs_file)      # while still privileged enough to write the cgroup
+        if user is not None:
+            become(user)
+        _die_with_parent()          # after the switch: changing credentials clears it
 
     return setup
 
@@ -64,8 +70,10 @@ class ProcessBackend:
     """Implements RuntimeBackend with local child processes."""
 
     def __init__(self, *, state_dir: Path, python: str | None = None, host: str = "127.0.0.1",
-                 advertise_host: str | None = None, base_env: dict[str, str] | None = None, cpu: CpuLimiter | None = None, spares: int = 0) -> None:
+                 advertise_host: str | None = None, base_env: dict[str, str] | None = None,
+                 cpu: CpuLimiter | None = None, spares: int = 0, user: InstanceUser | None = None) -> None:
         self._state_dir = state_dir
+        self._sandboxes = Sandboxes(user) if user is not None else None
         self.cpu = cpu
         self._python = python or sys.executable
         self._host = host
@@ -76,8 +84,15 @@ class ProcessBackend:
         self._spare_count = 0
         self._refill()
 
-    def instance_env(self, request: StartInstance, device: DeviceInfo, config_path: Path, fd: int,
-                     extra_env: dict[str, str] | None = None, instance_key: str = "") -> dict[str, str]:
+    @property
+    def shared_dir(self) -> Path | None:
+        """A folder every instance can reach (token-manager sockets), when instances run as
+        another user; None when they run as the worker's user."""
+        return self._sandboxes.shared if self._sandboxes else None
+
+    def instance_env(self, request: StartInstance, device: DeviceInfo, config_json: str, fd: int,
+                     extra_env: dict[str, str] | None = None, instance_key: str = "",
+                     home: Path | None = None) -> dict[str, str]:
         env = dict(self._base_env)
         env.update(request.spec.get("env") or {})
         for name, value in (extra_env or {}).items():
@@ -88,7 +103,7 @@ class ProcessBackend:
             env[name] = value
         env.update({
             protocol.ENV_KEY: instance_key,
-            protocol.ENV_CONFIG: str(config_path),
+            protocol.ENV_CONFIG_JSON: config_json,
             protocol.ENV_LISTEN_FD: str(fd),
             protocol.ENV_INSTANCE_ID: request.instance_id,
             protocol.ENV_FUNCTION: request.function,
@@ -97,6 +112,9 @@ class ProcessBackend:
             "CUDA_VISIBLE_DEVICES": device.uuid if device.kind == "gpu" and device.uuid else "",
             "PYTHONUNBUFFERED": "1",
         })
+        if home is not None:   # its own HOME and temp folder, not the worker's
+            env.update({"HOME": str(home), "TMPDIR": str(home), "USER": self._sandboxes.user.name,
+                        "LOGNAME": self._sandboxes.user.name})
         return env
 
     async def start(self, request: StartInstance, device: DeviceInfo, log_path: Path,
@@ -104,13 +122,14 @@ class ProcessBackend:
         if request.spec.get("image"):
             raise RuntimeError(f"function {request.function} names an image ({request.spec['image']}): "
                                "it needs a worker with the docker runtime (DILU_RUNTIME=docker)")
-        config_path = self._write_config(request)
         key = protocol.new_key()
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        code, home = await asyncio.to_thread(self._place_code, request)
+        config_json = self._config_json(request, code)
         spare = self._take_spare(request, device, extra_env)
         if spare is not None:
             try:
-                return self._assign(spare, request, device, config_path, log_path, extra_env, key)
+                return self._assign(spare, request, device, config_json, code, home, log_path, extra_env, key)
             finally:
                 self._refill()
         listener = socket.socket(_family(self._host), socket.SOCK_STREAM)
@@ -123,10 +142,10 @@ class ProcessBackend:
             with open(log_path, "ab") as log:
                 process = subprocess.Popen(
                     [self._python, "-m", "worker.instance"],
-                    env=self.instance_env(request, device, config_path, listener.fileno(), extra_env, key),
+                    env=self.instance_env(request, device, config_json, listener.fileno(), extra_env, key, home),
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     pass_fds=(listener.fileno(),), start_new_session=True,
-                    preexec_fn=_child_setup(self._cpu_group(request, device)), cwd=request.source_dir,
+                    preexec_fn=_child_setup(self._cpu_group(request, device), self._user), cwd=code,
                 )
         except OSError as exc:
             raise RuntimeError(f"cannot start instance process: {exc}") from exc
@@ -135,17 +154,26 @@ class ProcessBackend:
         return RunningInstance(endpoint=endpoint_url(self._advertise, port) + protocol.route_prefix(key),
                                pid=process.pid, handle=process)
 
-    def _write_config(self, request: StartInstance) -> Path:
+    @property
+    def _user(self) -> InstanceUser | None:
+        return self._sandboxes.user if self._sandboxes else None
+
+    def _place_code(self, request: StartInstance) -> tuple[str, Path | None]:
+        """(working folder, HOME or None): the instance's own copy of its code when it runs as
+        another user (who cannot reach the worker's folders), else the code where it is."""
+        if self._sandboxes is None:
+            return request.source_dir, None
+        code, home = self._sandboxes.create(request.instance_id, request.source_dir)
+        return str(code), home
+
+    @staticmethod
+    def _config_json(request: StartInstance, source_dir: str) -> str:
         spec = request.spec
         config = InstanceConfig(
             instance_id=request.instance_id, function=request.function, handler=spec["handler"],
-            source_dir=request.source_dir, options=spec.get("model") or {},
+            source_dir=source_dir, options=spec.get("model") or {},
             max_batch_size=spec["batching"]["max_batch_size"], max_wait_ms=spec["batching"]["max_wait_ms"])
-        config_dir = self._state_dir / "instances"
-        config_dir.mkdir(parents=True, exist_ok=True)
-        config_path = config_dir / f"{request.instance_id}.json"
-        config_path.write_text(json.dumps(asdict(config)), encoding="utf-8")
-        return config_path
+        return json.dumps(asdict(config))
 
     # ---- spares ----
     def _refill(self) -> None:
@@ -174,7 +202,8 @@ class ProcessBackend:
                     [self._python, "-m", "worker.instance", "--spare"],
                     env={**self._base_env, "PYTHONUNBUFFERED": "1"}, stdin=subprocess.PIPE, stdout=log,
                     stderr=subprocess.STDOUT, pass_fds=(listener.fileno(),), start_new_session=True,
-                    preexec_fn=_die_with_parent, cwd=self._state_dir)
+                    preexec_fn=_child_setup(None, self._user),
+                    cwd=self._sandboxes.shared if self._sandboxes else self._state_dir)
         finally:
             port = listener.getsockname()[1]
             fd = listener.fileno()
@@ -193,14 +222,14 @@ class ProcessBackend:
                 return spare
         return None
 
-    def _assign(self, spare: _Spare, request: StartInstance, device: DeviceInfo, config_path: Path,
-                log_path: Path, extra_env: dict[str, str] | None, key: str) -> RunningInstance:
+    def _assign(self, spare: _Spare, request: StartInstance, device: DeviceInfo, config_json: str, code: str,
+                home: Path | None, log_path: Path, extra_env: dict[str, str] | None, key: str) -> RunningInstance:
         procs = self._cpu_group(request, device)
         if procs:
             join_group_of(procs, spare.process.pid)
         os.replace(spare.log_path, log_path)
-        env = self.instance_env(request, device, config_path, spare.fd, extra_env, key)
-        assignment = {"env": env, "cwd": request.source_dir}
+        env = self.instance_env(request, device, config_json, spare.fd, extra_env, key, home)
+        assignment = {"env": env, "cwd": code}
         try:
             spare.process.stdin.write((json.dumps(assignment) + "\n").encode())
             spare.process.stdin.close()
@@ -217,6 +246,8 @@ class ProcessBackend:
                 spare.process.stdin.close()
             _signal_group(spare.process.pid, signal.SIGKILL)
             spare.process.wait()
+        if self._sandboxes is not None:
+            self._sandboxes.close()
 
     def _cpu_group(self, request: StartInstance, device: DeviceInfo) -> str | None:
         """CPU workers: the instance's cgroup, unlimited while it loads; the worker applies its
@@ -236,6 +267,8 @@ class ProcessBackend:
     def release(self, instance_id: str) -> None:
         if self.cpu is not None:
             self.cpu.remove(instance_id)
+        if self._sandboxes is not None:
+            self._sandboxes.remove(instance_id)
 
     async def adopt(self, owner: str, log_path: Callable[[str], Path]) -> list[tuple[StartInstance, RunningInstance]]:
         return []  # instance processes die with their worker (PR_SET_PDEATHSIG)

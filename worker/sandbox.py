@@ -1,0 +1,124 @@
+"""Where and as whom process-runtime instances run when the worker is root.
+
+Instance code never runs as root: a root worker starts each instance process as an unprivileged
+user (``DILU_INSTANCE_USER``, ``nobody`` by default) in a folder of its own,
+``<root>/<instance>/`` (owned by that user, mode 0700) holding ``code/`` (the function's files,
+hard-linked from the bundle cache where they are readable to all, copied otherwise) and
+``home/`` (its HOME and TMPDIR). The worker's own state (database, bundle cache, logs, other
+instances) stays out of its reach; ``<root>/run/`` holds what every instance must reach (the
+token manager's socket, the simulated GPU's clock).
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import stat
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class InstanceUser:
+    uid: int
+    gid: int
+    name: str
+
+
+def resolve_user(value: str) -> InstanceUser:
+    """A user name or ``uid:gid``; ValueError for root or an unknown name."""
+    if ":" in value:
+        uid_text, _, gid_text = value.partition(":")
+        if not (uid_text.isdigit() and gid_text.isdigit()):
+            raise ValueError(f"instance user {value!r}: use a user name or uid:gid")
+        user = InstanceUser(int(uid_text), int(gid_text), value)
+    else:
+        try:
+            entry = pwd.getpwnam(value)
+        except KeyError:
+            raise ValueError(f"instance user {value!r} does not exist on this host") from None
+        user = InstanceUser(entry.pw_uid, entry.pw_gid, value)
+    if user.uid == 0 or user.gid == 0:
+        raise ValueError(f"instance user {value!r} is root: instance code never runs as root")
+    return user
+
+
+def become(user: InstanceUser) -> None:
+    """In the child, before exec: drop every group and become ``user`` (no way back)."""
+    os.setgroups([])
+    os.setgid(user.gid)
+    os.setuid(user.uid)
+
+
+def _readable_by_all(path: Path) -> bool:
+    mode = path.stat().st_mode
+    return bool(mode & stat.S_IROTH) and (not mode & stat.S_IXUSR or bool(mode & stat.S_IXOTH))
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    # A hard link costs nothing and shares the (read-only to others) inode; a file others cannot
+    # read is copied and made readable, since its only reader is this instance.
+    path = Path(source)
+    if _readable_by_all(path):
+        try:
+            os.link(source, target)
+            return
+        except OSError:
+            pass
+    shutil.copy2(source, target)
+    os.chmod(target, 0o755 if path.stat().st_mode & stat.S_IXUSR else 0o644)
+
+
+class Sandboxes:
+    """The folders of one worker's instances, under a root made for it in the temp folder."""
+
+    def __init__(self, user: InstanceUser) -> None:
+        self.user = user
+        # mkdtemp: a new folder only this process made (no one can have planted it), then opened
+        # to traversal only: others cannot list it, each instance reaches its own folder.
+        self.root = Path(tempfile.mkdtemp(prefix="dilu-instances-"))
+        self.root.chmod(0o711)
+        self.shared = self.root / "run"
+        self.shared.mkdir(mode=0o711)
+
+    def create(self, instance_id: str, source_dir: str) -> tuple[Path, Path]:
+        """(code folder, home folder) of a new instance, its code in place."""
+        folder = self.root / instance_id
+        folder.mkdir(mode=0o700)
+        code, home = folder / "code", folder / "home"
+        if source_dir:
+            shutil.copytree(source_dir, code, symlinks=False, copy_function=_link_or_copy,
+                            ignore_dangling_symlinks=True)
+            for path in [code, *code.rglob("*")]:
+                if path.is_dir():
+                    path.chmod(0o755)
+        else:
+            code.mkdir(mode=0o755)
+        home.mkdir(mode=0o700)
+        os.chown(home, self.user.uid, self.user.gid)
+        os.chown(folder, self.user.uid, self.user.gid)
+        return code, home
+
+    def remove(self, instance_id: str) -> None:
+        shutil.rmtree(self.root / instance_id, ignore_errors=True)
+
+    def close(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def runtime_problem(python: str, user: InstanceUser, cwd: Path) -> str | None:
+    """Why ``user`` cannot start the instance runtime with ``python`` (an interpreter or package
+    folder it cannot read, typically one under root's home), or None when it can."""
+    import subprocess
+
+    try:
+        probe = subprocess.run([python, "-c", "import worker.instance.server"], user=user.uid, group=user.gid,
+                               extra_groups=[], cwd=cwd, capture_output=True, text=True, timeout=120,
+                               stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"{python}: {exc}"
+    if probe.returncode != 0:
+        return (probe.stderr.strip().splitlines() or [f"exit status {probe.returncode}"])[-1]
+    return None
