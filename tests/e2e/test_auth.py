@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.conftest import FIXTURE_FUNCTIONS
 from tests.platform import dilu_executable
@@ -117,3 +118,23 @@ def test_exposed_worker_needs_the_cluster_key(tmp_path: Path) -> None:
     refused = subprocess.run([dilu_executable(), "worker"], env={**os.environ, **env}, capture_output=True,
                              text=True, timeout=120)
     assert refused.returncode == 1 and "DILU_CLUSTER_KEY" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_python_client_sends_the_key(start_platform, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    from dilu.client import Client, DiluError
+
+    admin = "client-admin-key-0123456789abcdef"
+    platform = start_platform(env={"DILU_ADMIN_KEY": admin, "DILU_API_KEY": admin})
+    source = shutil.copytree(FIXTURE_FUNCTIONS / "ok", tmp_path / "ok")
+    assert platform.cli("deploy", str(source / "model.yaml")).returncode == 0
+    with Client(platform.url, api_key="") as anonymous, pytest.raises(DiluError) as refused:
+        anonymous.invoke("ok", {"k": 1})
+    assert refused.value.status == 401 and "API key" in refused.value.message
+    monkeypatch.setenv("DILU_URL", platform.url)
+    monkeypatch.setenv("DILU_API_KEY", admin)
+    with Client() as client:                      # both from the environment, as the CLI does
+        assert client.invoke("ok", {"k": 1})["input"] == {"k": 1}
+        assert [f["name"] for f in client.functions()] == ["ok"]
+        with pytest.raises(DiluError) as missing:
+            client.function("missing")
+        assert missing.value.status == 404
