@@ -31,3 +31,4 @@ def test_schemathesis_finds_nothing(start_platform, tmp_path: Path) -> None:  # 
     assert int(summary.group(1)) >= 200 and summary.group(1) == summary.group(2)
     assert "Stateful" in run.stdout and "Traceback" not in platform.role.log()
     print(summary.group(0))
+    print(next((line for line in run.stdout.splitlines() if "operations" in line.lower()), ""))
