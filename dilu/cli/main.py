@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dilu.cli.client import CliError, GatewayClient
+from dilu.cli.simulate import simulate
 from dilu.config import AllInOneSettings, CliSettings, ControllerSettings, GatewaySettings, WorkerSettings
 
 app = typer.Typer(help="Dilu: serverless deep-learning functions on GPUs.", no_args_is_help=True,
@@ -23,6 +24,7 @@ spec_app = typer.Typer(help="The model.yaml function spec.", no_args_is_help=Tru
 app.add_typer(spec_app, name="spec")
 keys_app = typer.Typer(help="API keys (the first one turns authentication on).", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
+app.command("simulate")(simulate)
 out = Console()
 err = Console(stderr=True)
 

@@ -14,6 +14,7 @@ class Policy(str, Enum):
     EXCLUSIVE = "exclusive"        # whole GPUs
     STATIC_LIMITS = "static-limits"  # fixed slices sized by the limit (limits add up to <= 1)
     REQUEST_ONLY = "request-only"  # packing by requests alone, no limit cap, no preferences
+    TIME_SHARING = "time-sharing"  # one latency + one batch function per GPU (priority time-sharing)
 
 
 Plugins = list[tuple[str, dict[str, Any]]]
@@ -31,6 +32,10 @@ PROFILES: dict[Policy, tuple[Plugins, Plugins]] = {
     Policy.REQUEST_ONLY: (
         [("DeviceKind", {}), ("MemoryFit", {}), ("ComputeRequests", {"cap": 1.0})],
         [("ActiveFirst", {}), ("BestFit2D", {})],
+    ),
+    Policy.TIME_SHARING: (
+        [("DeviceKind", {}), ("MemoryFit", {}), ("PriorityPair", {})],
+        [("Complementary", {}), ("ActiveFirst", {}), ("BestFit2D", {})],
     ),
 }
 

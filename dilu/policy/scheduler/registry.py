@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dilu.policy.scheduler.plugins import active, affinity, best_fit, complementary, compute_cap, device_kind
-from dilu.policy.scheduler.plugins import exclusive, memory_fit
+from dilu.policy.scheduler.plugins import exclusive, memory_fit, priority_pair
 
 Factory = Callable[[dict[str, Any]], Any]
 
@@ -20,6 +20,7 @@ REGISTRY: dict[str, Factory] = {
     affinity.NAME: affinity.factory,
     complementary.NAME: complementary.factory,
     active.NAME: active.factory,
+    priority_pair.NAME: priority_pair.factory,
 }
 
 

@@ -1,0 +1,71 @@
+"""The policies the simulator compares, each a composition of the live policy modules.
+
+Nothing here decides anything itself: placement is a live ``Scheduler`` (built from the same
+profiles and plugins the controller uses), shares come from ``dilu.policy.vertical.allocate``
+or a fixed rule, horizontal scaling from ``dilu.policy.horizontal.decide`` (lazy) or the
+conventional rule of scaling to the current rate at once (eager), scale-to-zero from
+``dilu.policy.keepalive.decide`` (its histogram, or its fixed keep-alive path).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from dilu.policy import horizontal, keepalive, vertical
+from dilu.policy.scheduler import Scheduler, create_scheduler
+
+Shares = Literal["vertical", "limit", "request", "whole", "priority"]
+
+
+@dataclass(frozen=True)
+class SimPolicy:
+    name: str
+    scheduler: Scheduler
+    shares: Shares            # how a running instance's compute share is set
+    horizontal: Literal["lazy", "eager"]
+    keepalive: Literal["histogram", "fixed"]
+    summary: str
+
+
+def _without(scheduler: Scheduler, plugin: str, name: str) -> Scheduler:
+    """The same pipeline minus one score plugin (the very plugin objects, not copies)."""
+    return Scheduler(name, scheduler.filters, [s for s in scheduler.scores if s.name != plugin])
+
+
+def build_policies() -> dict[str, SimPolicy]:
+    dilu = create_scheduler("dilu")
+    return {p.name: p for p in (
+        SimPolicy("dilu", dilu, "vertical", "lazy", "histogram",
+                  "profiled slices, complementary placement, vertical + lazy horizontal scaling, histogram keep-alive"),
+        SimPolicy("exclusive", create_scheduler("exclusive"), "whole", "eager", "fixed",
+                  "a whole GPU per instance"),
+        SimPolicy("mps", create_scheduler("static-limits"), "limit", "eager", "fixed",
+                  "static slices sized by the limit (limits add up to at most one GPU), MPS-like"),
+        SimPolicy("infless", create_scheduler("request-only"), "request", "eager", "fixed",
+                  "packing by requests, fixed slices at the request, no vertical scaling (INFless-like)"),
+        SimPolicy("horizontal-only", create_scheduler("request-only"), "limit", "eager", "fixed",
+                  "conventional autoscaling: fixed slices at the limit, scale to the rate at once"),
+        SimPolicy("tgs", create_scheduler("time-sharing"), "priority", "eager", "fixed",
+                  "priority time-sharing: one latency and one batch job per GPU, batch runs in the rest (TGS-like)"),
+        SimPolicy("dilu-no-vertical", dilu, "request", "lazy", "histogram",
+                  "Dilu with slices fixed at the request"),
+        SimPolicy("dilu-no-complementary", _without(dilu, "Complementary", "dilu-no-complementary"), "vertical",
+                  "lazy", "histogram", "Dilu without complementary placement"),
+    )}
+
+
+POLICY_NAMES = ("dilu", "exclusive", "mps", "infless", "horizontal-only", "tgs", "dilu-no-vertical",
+                "dilu-no-complementary")
+# The live modules the simulator calls (a test holds these to be the controller's own).
+LIVE = {"allocate": vertical.allocate, "horizontal": horizontal.decide, "keepalive": keepalive.decide,
+        "observe": keepalive.observe}
+
+
+def parse_policies(text: str) -> list[str]:
+    """``dilu,exclusive`` (or ``all``) to names; ValueError naming an unknown one."""
+    names = list(POLICY_NAMES) if text.strip() == "all" else [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in POLICY_NAMES]
+    if unknown or not names:
+        raise ValueError(f"unknown policy {', '.join(unknown) or '(none given)'}; known: {', '.join(POLICY_NAMES)}, all")
+    return names

@@ -1,0 +1,348 @@
+"""Level two: request serving. Inference functions driven by a request trace and training jobs
+share a small cluster; every ``tick_s`` each GPU's instances get compute shares, serve batches
+at the speed their profile gives for that share, and the functions scale.
+
+- Arrivals: the trace, scaled per function so that its busy seconds (the 95th percentile of its
+  per-second rate) ask ``load`` x what one instance serves at its profiled request share, and
+  shifted by a different offset per function (so their bursts do not coincide).
+- Service: an instance serves its function's queue (first come, first served) in batches of
+  the size the runtime would form (``ModelProfile.batch_for``), each taking the profile's
+  latency at the instance's current share; a request's latency is its wait plus its batch.
+- Contention: shares on one GPU are scaled down together when they add up past 1.
+- Shares, scaling and keep-alive follow the policy (``dilu.sim.policies``).
+- Cold start: a new instance serves ``cold_start_s`` after it is placed.
+- Training: a job progresses at its share per second (1.0 = a whole GPU alone).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dilu.policy.horizontal import HorizontalContext, HorizontalParams, HorizontalState
+from dilu.policy.keepalive import KeepAliveParams, KeepAliveState, Verdict
+from dilu.policy.scheduler import ClusterSnapshot, PlacementRequest
+from dilu.policy.vertical import InstanceSlice, VerticalContext, VerticalParams, VerticalState
+from dilu.sim.models import MODELS, ModelProfile, load_model
+from dilu.sim.placement import GiB, empty_cluster
+from dilu.sim.policies import LIVE, SimPolicy
+
+REQUEST_TIMEOUT_S = 30.0      # a request waiting longer is dropped (and counted as a violation)
+FIXED_KEEPALIVE = KeepAliveParams(min_samples=10**9)   # the live policy's fixed keep-alive path
+
+
+@dataclass(frozen=True)
+class ServingSetup:
+    arrivals: np.ndarray                  # the trace's arrival times (seconds)
+    models: tuple[str | ModelProfile, ...] = MODELS   # profile names, or profiles
+    scale_arrivals: bool = True           # False: every function gets the trace as it is
+    load: float = 0.7
+    gpus: int = 8
+    gpus_per_node: int = 4
+    gpu_memory_gb: float = 40.0
+    trainings: int = 4                    # one-GPU training jobs running throughout
+    training_slice: tuple[float, float] = (0.3, 1.0)
+    training_memory_gb: float = 12.0
+    tick_s: float = 0.1
+    cold_start_s: float = 5.0
+    keep_alive_s: float = 60.0
+    max_instances: int = 8
+    duration_s: float | None = None       # default: the trace's length
+
+
+@dataclass
+class ServingResult:
+    duration_s: float = 0.0
+    served: int = 0
+    violations: int = 0                   # over the SLO, dropped, or left waiting at the end
+    latencies: list[float] = field(default_factory=list)
+    cold_starts: int = 0
+    unplaced: int = 0                     # instance starts no GPU could take
+    training_progress: float = 0.0        # summed over jobs, in whole-GPU seconds
+    gpu_seconds: float = 0.0
+    active_gpus: list[int] = field(default_factory=list)   # one sample per second
+    arrivals: int = 0
+    jobs: int = 0                         # training jobs that ran
+
+    @property
+    def slo_violation_rate(self) -> float:
+        return self.violations / self.arrivals if self.arrivals else 0.0
+
+
+@dataclass
+class _Instance:
+    id: str
+    function: str
+    device: int
+    request: PlacementRequest
+    ready_at: float
+    share: float = 0.0
+    free_at: float = 0.0                  # when its current batch ends
+
+
+@dataclass
+class _Function:
+    model: ModelProfile
+    arrivals: np.ndarray
+    next_arrival: int = 0
+    queue: deque = field(default_factory=deque)
+    instances: list[_Instance] = field(default_factory=list)
+    horizontal: HorizontalState = field(default_factory=HorizontalState)
+    keepalive: KeepAliveState = field(default_factory=KeepAliveState)
+    last_second: int = 0                  # arrivals in the second that just ended
+    low_since: float | None = None        # eager scale-in: since when fewer would do
+
+
+def sim_vertical_params(tick_s: float) -> VerticalParams:
+    """The live vertical policy's parameters at the simulator's time scale. The live period is
+    5 ms and a kernel-launch cycle is one request's burst of kernels; a tick here is tens of ms,
+    so a cycle is an instance's busy period (its queue not empty), a gap of one tick ends it, and
+    long cycles are the signal rather than outliers."""
+    return VerticalParams(period_s=tick_s, idle_gap_periods=1, klc_min_periods=1, outlier_stretch=float("inf"),
+                          latency_idle_s=2 * tick_s, contention_window_s=1.5 * tick_s)
+
+
+def _arrivals_for(setup: ServingSetup, model: ModelProfile, position: int, duration: float) -> np.ndarray:
+    trace = setup.arrivals
+    length = max(float(trace[-1]) if len(trace) else 0.0, 1.0)
+    busy_rate = max(float(np.percentile(np.bincount(trace.astype(np.int64)), 95)), 1e-9)
+    target = setup.load * model.capacity(model.profile.sm_request)
+    rng = np.random.default_rng(position)
+    factor = target / busy_rate
+    copies = int(math.ceil(factor))
+    shifted = [(trace + (position * length / max(len(setup.models), 1)) + k * 1e-4) % length for k in range(copies)]
+    times = np.sort(np.concatenate(shifted))
+    times = times[rng.random(len(times)) < factor / copies]
+    return times[times < duration]
+
+
+class _Cluster:
+    """The snapshot the live scheduler places on, and what runs where."""
+
+    def __init__(self, setup: SimPolicy, serving: ServingSetup) -> None:
+        nodes = math.ceil(serving.gpus / serving.gpus_per_node)
+        self.snapshot: ClusterSnapshot = empty_cluster(nodes, serving.gpus_per_node, serving.gpu_memory_gb)
+        self.index = {d.id: i for i, d in enumerate(self.snapshot.devices)}
+        self.policy = setup
+        self.on_device: dict[int, list[_Instance]] = {}
+        self.count = 0
+
+    def place(self, function: str, request: PlacementRequest, ready_at: float) -> _Instance | None:
+        decision = self.policy.scheduler.place(request, self.snapshot)
+        if not decision.ok:
+            return None
+        device = self.index[decision.devices[0]]
+        self.snapshot = self.snapshot.with_placement((device,), request)
+        self.count += 1
+        instance = _Instance(f"{function}-{self.count}", function, device, request, ready_at)
+        self.on_device.setdefault(device, []).append(instance)
+        return instance
+
+    def full(self, device: int) -> bool:
+        return sum(i.share for i in self.on_device.get(device, ())) >= 0.99
+
+    def remove(self, instance: _Instance) -> None:
+        self.snapshot = self.snapshot.without(instance.device, instance.request)
+        self.on_device[instance.device].remove(instance)
+
+
+def _fixed_share(policy: SimPolicy, instance: _Instance) -> float:
+    return {"limit": instance.request.sm_limit, "request": instance.request.sm_request,
+            "whole": 1.0}[policy.shares]
+
+
+def simulate_serving(policy: SimPolicy, setup: ServingSetup,
+                     progress: Callable[[float], None] | None = None) -> ServingResult:
+    """Runs ``setup`` under ``policy``; ``progress(seconds)`` as simulated time passes."""
+    duration = setup.duration_s or (float(setup.arrivals[-1]) if len(setup.arrivals) else 0.0)
+    cluster = _Cluster(policy, setup)
+    result = ServingResult(duration_s=duration)
+    vertical_params = sim_vertical_params(setup.tick_s)
+    vertical_states: dict[int, VerticalState] = {}
+    horizontal_params = HorizontalParams(interval_s=1.0, window=10, out_samples=3, in_samples=8)
+    request_ms, limit_ms = setup.training_slice
+    trainings = []
+    for j in range(setup.trainings):
+        job = cluster.place(f"training-{j}", PlacementRequest(
+            f"training-{j}", int(setup.training_memory_gb * GiB), request_ms, limit_ms, "batch", gpu=True), 0.0)
+        if job is None:
+            result.unplaced += 1
+        else:
+            trainings.append(job)
+    result.jobs = len(trainings)
+    functions = {}
+    for position, name in enumerate(setup.models):
+        model = name if isinstance(name, ModelProfile) else load_model(name)
+        arrivals = _arrivals_for(setup, model, position, duration) if setup.scale_arrivals \
+            else setup.arrivals[setup.arrivals < duration]
+        functions[model.name] = _Function(model, arrivals)
+        result.arrivals += len(arrivals)
+
+    def start(fn: _Function, now: float) -> None:
+        p = fn.model.profile
+        instance = cluster.place(fn.model.name, PlacementRequest(
+            fn.model.name, int(fn.model.memory_gb * GiB), p.sm_request, p.sm_limit, "latency", gpu=True),
+            now + setup.cold_start_s)
+        if instance is None:
+            result.unplaced += 1
+            return
+        fn.instances.append(instance)
+        result.cold_starts += 1
+
+    def stop(fn: _Function, instance: _Instance) -> None:
+        fn.instances.remove(instance)
+        cluster.remove(instance)
+
+    ticks = int(duration / setup.tick_s)
+    per_second = max(1, int(round(1.0 / setup.tick_s)))
+    for tick in range(ticks):
+        now = tick * setup.tick_s
+        end = now + setup.tick_s
+        for fn in functions.values():
+            arrivals = fn.arrivals
+            while fn.next_arrival < len(arrivals) and arrivals[fn.next_arrival] < end:
+                fn.queue.append(arrivals[fn.next_arrival])
+                fn.next_arrival += 1
+            while fn.queue and now - fn.queue[0] > REQUEST_TIMEOUT_S:
+                fn.queue.popleft()
+                result.violations += 1
+            if fn.queue and not fn.instances:          # a request waits: start one at once
+                start(fn, now)
+        if tick % per_second == 0:
+            for fn in functions.values():
+                _scale(policy, setup, fn, now, horizontal_params, start, stop, cluster.full)
+        _assign_shares(policy, cluster, functions, now, vertical_params, vertical_states)
+        for fn in functions.values():
+            _serve(fn, now, setup.tick_s, result)
+        for job in trainings:
+            result.training_progress += job.share * setup.tick_s
+        busy = sum(1 for members in cluster.on_device.values() if members)
+        result.gpu_seconds += busy * setup.tick_s
+        if tick % per_second == 0:
+            result.active_gpus.append(busy)
+            if progress is not None:
+                progress(1.0)
+    for fn in functions.values():
+        result.violations += len(fn.queue) + (len(fn.arrivals) - fn.next_arrival)
+    return result
+
+
+def _scale(policy: SimPolicy, setup: ServingSetup, fn: _Function, now: float, params: HorizontalParams,
+           start: Callable, stop: Callable, device_full: Callable[[int], bool]) -> None:
+    """Once a second: horizontal scaling, then keep-alive (scale to zero, pre-warming)."""
+    model, p = fn.model, fn.model.profile
+    rate = int(np.searchsorted(fn.arrivals, now) - np.searchsorted(fn.arrivals, now - 1.0))
+    if rate:
+        fn.keepalive = LIVE["observe"](fn.keepalive, now)
+    current = len(fn.instances)
+    if policy.horizontal == "lazy":
+        # No vertical headroom: at the limit, or on a GPU with nothing left to give.
+        at_limit = all(now < i.ready_at or i.share >= 0.95 * i.request.sm_limit or device_full(i.device)
+                       for i in fn.instances) if policy.shares == "vertical" else True
+        throughput = model.capacity(p.sm_request)
+        decision, fn.horizontal = LIVE["horizontal"](HorizontalContext(
+            now=now, current=current, min_instances=0, max_instances=setup.max_instances, rate_per_s=rate,
+            throughput_per_instance=throughput, queued=len(fn.queue), at_vertical_limit=at_limit, params=params),
+            fn.horizontal)
+        desired = decision.desired
+    else:   # eager: as many instances as the last second's rate needs at the fixed share
+        share = {"limit": p.sm_limit, "request": p.sm_request, "whole": 1.0, "priority": p.sm_limit}[policy.shares]
+        needed = min(setup.max_instances, math.ceil(rate / model.capacity(share))) if rate else current
+        if needed < current:
+            fn.low_since = fn.low_since if fn.low_since is not None else now
+            desired = current - 1 if now - fn.low_since >= setup.keep_alive_s else current
+            if desired < current:
+                fn.low_since = now     # the next one goes after another quiet window
+        else:
+            fn.low_since = None
+            desired = needed
+    for _ in range(max(0, desired - current)):
+        start(fn, now)
+    if desired < current and current > 1:
+        idle = [i for i in fn.instances if now >= i.ready_at]
+        if idle:
+            stop(fn, idle[-1])
+    # Scale to zero (and pre-warm) by the keep-alive policy, when nothing waits.
+    if fn.queue or fn.keepalive.last_request_at is None:
+        return
+    params_ka = KeepAliveParams() if policy.keepalive == "histogram" else FIXED_KEEPALIVE
+    verdict = LIVE["keepalive"](fn.keepalive, now - fn.keepalive.last_request_at,
+                                fixed_keep_alive_s=setup.keep_alive_s, cold_start_s=setup.cold_start_s,
+                                params=params_ka).verdict
+    if verdict == Verdict.UNLOAD:
+        for instance in list(fn.instances):
+            stop(fn, instance)
+    elif verdict == Verdict.WARM and not fn.instances:
+        start(fn, now)
+
+
+def _assign_shares(policy: SimPolicy, cluster: _Cluster, functions: dict[str, _Function], now: float,
+                   params: VerticalParams, states: dict[int, VerticalState]) -> None:
+    for device, members in cluster.on_device.items():
+        running = [i for i in members if now >= i.ready_at]
+        if not running:
+            continue
+
+        def busy(instance: _Instance) -> bool:
+            fn = functions.get(instance.function)
+            return fn is None or bool(fn.queue)     # training is always busy
+
+        if policy.shares == "vertical":
+            slices = tuple(InstanceSlice(i.id, i.request.cls, i.request.sm_request, i.request.sm_limit)
+                           for i in running)
+            active = frozenset(i.id for i in running if busy(i))
+            shares, states[device] = LIVE["allocate"](
+                VerticalContext(now=now, slices=slices, active=active, params=params),
+                states.get(device, VerticalState()))
+            for instance in running:
+                instance.share = shares.get(instance.id, 0.0)
+        elif policy.shares == "priority":
+            taken = 0.0
+            for instance in running:
+                if instance.request.cls == "latency":
+                    instance.share = 1.0 if busy(instance) else 0.0
+                    taken += instance.share
+            for instance in running:
+                if instance.request.cls != "latency":
+                    instance.share = max(0.0, 1.0 - taken)
+        else:
+            for instance in running:
+                instance.share = _fixed_share(policy, instance)
+        total = sum(i.share for i in running)
+        if total > 1.0:   # more than the GPU has: everyone slows down together
+            for instance in running:
+                instance.share /= total
+
+
+def _serve(fn: _Function, now: float, tick: float, result: ServingResult) -> None:
+    """Each ready instance runs batches back to back from its queue while the tick lasts; a batch
+    starts when the instance is free and its first request has arrived, takes the profile's time
+    at the instance's share, and holds the requests that had arrived by its start."""
+    model, end = fn.model, now + tick
+    for instance in fn.instances:
+        if now < instance.ready_at or instance.share <= 0:
+            continue
+        at = max(instance.free_at, now)
+        while fn.queue:
+            at = max(at, fn.queue[0])
+            if at >= end:
+                break
+            waiting = 0
+            for arrival in fn.queue:
+                if arrival > at or waiting == model.profile.batch:
+                    break
+                waiting += 1
+            batch = model.batch_for(waiting)
+            done = at + model.latency(batch, instance.share)
+            for _ in range(min(batch, waiting)):
+                latency = done - fn.queue.popleft()
+                result.served += 1
+                result.latencies.append(latency)
+                if latency > model.slo_s:
+                    result.violations += 1
+            at = done
+        instance.free_at = at
