@@ -26,7 +26,7 @@ class CommonSettings(BaseSettings):
     database_url: str | None = Field(None, description="SQLAlchemy URL; SQLite under home when unset")
     redis_url: str | None = Field(None, description="Redis URL; in-process store when unset")
     redis_prefix: str = Field("dilu:", description="Prefix of every Redis key and channel")
-    scheduler: str = Field("dilu", description="dilu | exclusive | static-limits | request-only (placement "
+    scheduler: str = Field("dilu", description="dilu | exclusive | static-limits | request-only | time-sharing (placement "
                                                "and the admission of resizes)")
     max_bundle_bytes: int = Field(200 * 1024 * 1024, gt=0, description="Largest code bundle (compressed) the "
                                                                        "gateway accepts and a worker unpacks")

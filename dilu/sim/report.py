@@ -144,12 +144,12 @@ def _plots(runs: dict[str, PolicyRun], table: dict[str, dict], out: Path) -> Non
 def format_table(table: dict[str, dict]) -> list[list[str]]:
     """Rows for the printed comparison: the header, then one per policy, ratios to exclusive."""
     base = table.get("exclusive")
-    rows = [["policy", "peak GPUs", "GPU-h", "compute frag", "memory frag", "SLO viol", "inf req/s",
-             "train/job", "cold starts", "cost"]]
+    rows = [["policy", "peak GPUs", "GPU-h", "compute frag", "memory frag", "cost", "SLO viol", "inf req/s",
+             "train/job", "cold starts", "serving GPU-h"]]
     for name, m in table.items():
         ratio = f" ({m['peak_gpus'] / base['peak_gpus']:.2f}x)" if base and base["peak_gpus"] else ""
         rows.append([name, f"{m['peak_gpus']}{ratio}", f"{m['gpu_hours']:.1f}", f"{m['compute_fragmentation']:.3f}",
-                     f"{m['memory_fragmentation']:.3f}", f"{m['slo_violation_rate']:.2%}",
+                     f"{m['memory_fragmentation']:.3f}", f"{m['cost']:.0f}", f"{m['slo_violation_rate']:.2%}",
                      f"{m['inference_throughput']:.1f}", f"{m['training_throughput']:.3f}", str(m["cold_starts"]),
-                     f"{m['cost']:.0f}"])
+                     f"{m['serving_gpu_hours']:.2f}"])
     return rows

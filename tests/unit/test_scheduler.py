@@ -8,7 +8,7 @@ import pytest
 
 from dilu.policy.scheduler import ClusterSnapshot, Device, PlacementRequest, create_scheduler
 from dilu.policy.scheduler.plugins import active, affinity, best_fit, complementary, compute_cap, device_kind
-from dilu.policy.scheduler.plugins import exclusive, memory_fit
+from dilu.policy.scheduler.plugins import exclusive, memory_fit, priority_pair
 from dilu.policy.scheduler.registry import build
 
 GiB = 2**30
@@ -46,6 +46,7 @@ def test_vectorised_plugins_agree_with_their_scalar_helpers(request_: PlacementR
         (compute_cap.ComputeCap("request", 1.0), lambda d: compute_cap.fits(request_, d, of="request", cap=1.0)),
         (compute_cap.ComputeCap("limit", 1.5), lambda d: compute_cap.fits(request_, d, of="limit", cap=1.5)),
         (exclusive.Exclusive(), lambda d: exclusive.fits(request_, d)),
+        (priority_pair.PriorityPair(), lambda d: priority_pair.fits(request_, d)),
     ]
     for plugin, scalar in checks:
         assert list(plugin.filter(request_, SNAP)) == [scalar(d) for d in CLUSTER], plugin.name
@@ -73,6 +74,8 @@ def test_vectorised_plugins_agree_with_their_scalar_helpers(request_: PlacementR
      [make_gpu("half", sm=0.2, limit=0.5, batch=("b",)), make_gpu("fresh")], ("fresh",)),
     ("request-only ignores limits", "request-only", make_request(sm=0.3, limit=0.6),
      [make_gpu("half", sm=0.2, limit=1.4, batch=("b",)), make_gpu("fresh")], ("half",)),
+    ("time-sharing pairs latency with batch, one of each", "time-sharing", make_request(sm=0.9, limit=1.0),
+     [make_gpu("two-lat", latency=("x",)), make_gpu("batch", sm=0.8, limit=1.0, batch=("b",))], ("batch",)),
     ("best fit picks the fuller gpu", "request-only", make_request(sm=0.2, limit=0.2),
      [make_gpu("a", sm=0.2, batch=("b",)), make_gpu("b", sm=0.6, batch=("c",))], ("b",)),
 ])
