@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from gateway.auth import AuthGate
 from gateway.errors import errors_in_openapi, install_error_handlers
 from gateway.limits import BodyLimits
-from gateway.routes import bundles, dashboard, functions, invoke, keys, system
+from gateway.routes import bundles, dashboard, functions, invoke, keys, system, workflows
 from gateway.services import GatewayServices
 from gateway.v2 import rest as v2_rest
 
@@ -39,6 +39,7 @@ def create_app(build_services: Callable[[], Awaitable[GatewayServices]],
     app.include_router(functions.router)
     app.include_router(invoke.router)
     app.include_router(keys.router)
+    app.include_router(workflows.router)
     app.include_router(v2_rest.router)
     app.include_router(dashboard.router)
     errors_in_openapi(app, v2_rest.add_schemas)

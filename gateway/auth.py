@@ -119,6 +119,8 @@ def need_for(method: str, path: str, metrics_public: bool) -> tuple[Need | None,
     parts = path.strip("/").split("/")
     if method == "POST" and len(parts) == 4 and parts[:2] == ["v1", "functions"] and parts[3] == "invoke":
         return Need.INVOKE, parts[2]
+    if method == "POST" and len(parts) == 4 and parts[:2] == ["v1", "workflows"] and parts[3] == "invoke":
+        return Need.INVOKE, None    # it invokes several functions: the scope for all of them
     if parts[:2] == ["v2", "models"] and len(parts) >= 3:
         # /v2/models/{name}[/versions/{v}][/ready|/infer]
         return (Need.INVOKE if method == "POST" else Need.MODEL), parts[2]

@@ -12,6 +12,11 @@ from dilu.limits import LimitExceeded, check_json_depth
 EXEMPT_PREFIXES = ("/v1/bundles", "/v2/")
 
 
+def _is_workflow_invoke(path: str) -> bool:
+    """A workflow's input: bounded like an invocation's (DILU_MAX_REQUEST_BYTES) by its route."""
+    return path.startswith("/v1/workflows/") and path.endswith("/invoke")
+
+
 class BodyLimits:
     """ASGI wrapper: a body over ``max_bytes`` is answered 413, JSON nested too deep 400, before
     the framework parses it (its parser would recurse until the interpreter gives up)."""
@@ -22,7 +27,7 @@ class BodyLimits:
 
     async def __call__(self, scope: dict, receive, send) -> None:  # noqa: ANN001
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH") or \
-                scope["path"].startswith(EXEMPT_PREFIXES):
+                scope["path"].startswith(EXEMPT_PREFIXES) or _is_workflow_invoke(scope["path"]):
             await self.app(scope, receive, send)
             return
         limit = self._settings_of().max_api_body_bytes

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from dilu.cli.client import CliError, GatewayClient
 from dilu.cli.simulate import simulate
+from dilu.cli.workflow import workflow_app
 from dilu.config import AllInOneSettings, CliSettings, ControllerSettings, GatewaySettings, WorkerSettings
 
 app = typer.Typer(help="Dilu: serverless deep-learning functions on GPUs.", no_args_is_help=True,
@@ -25,6 +26,7 @@ app.add_typer(spec_app, name="spec")
 keys_app = typer.Typer(help="API keys (the first one turns authentication on).", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
 app.command("simulate")(simulate)
+app.add_typer(workflow_app, name="workflow")
 out = Console()
 err = Console(stderr=True)
 

@@ -88,6 +88,18 @@ class ApiKeyRow(Base):
     revoked_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
 
 
+class WorkflowRow(Base):
+    """A workflow: a DAG of functions (``dilu.workflow``), stored as written."""
+
+    __tablename__ = "workflows"
+
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, default=1)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+
+
 class WorkerRow(Base):
     """A worker agent and the device it owns."""
 

@@ -9,7 +9,8 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from dilu.db.models import ApiKeyRow, BundleRow, FunctionRow, InstanceRow, ProfileRow, ScalingEventRow, WorkerRow, utcnow
+from dilu.db.models import (ApiKeyRow, BundleRow, FunctionRow, InstanceRow, ProfileRow, ScalingEventRow, WorkerRow,
+                            WorkflowRow, utcnow)
 from dilu.messages import ACTIVE_STATES, FunctionStatus, WorkerInfo
 
 
@@ -242,3 +243,34 @@ def get_profile(*, session: Session, function: str, version: int) -> ProfileRow 
 
 def list_profiles(*, session: Session) -> list[ProfileRow]:
     return list(session.scalars(select(ProfileRow)))
+
+
+def put_workflow(*, session: Session, name: str, spec: dict) -> tuple[WorkflowRow, bool]:
+    """Creates the workflow, or stores a new version of it; (row, created)."""
+    now = utcnow()
+    result = session.execute(update(WorkflowRow).where(WorkflowRow.name == name)
+                             .values(spec=spec, version=WorkflowRow.version + 1, updated_at=now))
+    if result.rowcount == 0:
+        session.add(WorkflowRow(name=name, version=1, spec=spec, created_at=now, updated_at=now))
+        try:
+            session.commit()
+        except IntegrityError:   # created meanwhile by a concurrent deploy: update that one
+            session.rollback()
+            return put_workflow(session=session, name=name, spec=spec)
+        return session.get(WorkflowRow, name), True
+    session.commit()
+    return session.get(WorkflowRow, name), False
+
+
+def get_workflow(*, session: Session, name: str) -> WorkflowRow | None:
+    return session.get(WorkflowRow, name)
+
+
+def list_workflows(*, session: Session) -> list[WorkflowRow]:
+    return list(session.scalars(select(WorkflowRow).order_by(WorkflowRow.name)))
+
+
+def delete_workflow(*, session: Session, name: str) -> bool:
+    result = session.execute(delete(WorkflowRow).where(WorkflowRow.name == name))
+    session.commit()
+    return result.rowcount > 0

@@ -68,6 +68,9 @@ def test_unknown_scopes_are_refused(bad: list[str]) -> None:
     ("GET", "/dashboard", None, None),
     ("GET", "/dashboard/dashboard.js", None, None),
     ("GET", "/v1/dashboard", Need.READ, None),
+    ("POST", "/v1/workflows/amber/invoke", Need.INVOKE, None),
+    ("POST", "/v1/workflows", Need.ADMIN, None),
+    ("GET", "/v1/workflows/amber", Need.READ, None),
 ])
 def test_every_route_needs_a_scope(method: str, path: str, need: Need | None, function: str | None) -> None:
     assert need_for(method, path, metrics_public=True) == (need, function)

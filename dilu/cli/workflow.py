@@ -1,0 +1,124 @@
+"""`dilu workflow deploy|ls|describe|invoke|rm`: DAGs of deployed functions."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from dilu.cli.client import CliError, GatewayClient
+from dilu.config import CliSettings
+
+workflow_app = typer.Typer(help="Workflows: DAGs of deployed functions.", no_args_is_help=True)
+out = Console()
+err = Console(stderr=True)
+
+
+def _client(timeout: float = 30.0) -> GatewayClient:
+    settings = CliSettings()
+    return GatewayClient(settings.url, timeout=timeout, api_key=settings.api_key)
+
+
+def _fail(message: str) -> None:
+    err.print(f"[red]error[/red]: {message}", highlight=False)
+    raise typer.Exit(1)
+
+
+@workflow_app.command("deploy")
+def deploy(file: Annotated[Path, typer.Argument(help="workflow.yaml")]) -> None:
+    """Deploy (or update) a workflow; its functions must be deployed already."""
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        _fail(f"{file}: no such file")
+    except (IsADirectoryError, UnicodeDecodeError, PermissionError) as exc:
+        _fail(f"{file}: cannot read it ({exc})")
+    try:
+        workflow = _client().json("POST", "/v1/workflows", json={"yaml": text})
+    except CliError as exc:
+        _fail(str(exc))
+    out.print(f"[green]deployed[/green] workflow {workflow['name']} (version {workflow['version']}, "
+              f"{workflow['nodes']} nodes)  ->  POST {workflow['invoke_url']}", highlight=False)
+
+
+@workflow_app.command("ls")
+def list_workflows() -> None:
+    """List workflows."""
+    try:
+        items = _client().json("GET", "/v1/workflows")
+    except CliError as exc:
+        _fail(str(exc))
+    table = Table("NAME", "VERSION", "NODES", "OUTPUT")
+    for item in items:
+        output = item["spec"].get("output")
+        table.add_row(item["name"], str(item["version"]), str(item["nodes"]),
+                      ", ".join(output) if isinstance(output, list) else str(output or "(the last node)"))
+    out.print(table)
+
+
+@workflow_app.command("describe")
+def describe(name: str) -> None:
+    """Show a workflow's nodes, their functions, parents and conditions."""
+    try:
+        item = _client().json("GET", f"/v1/workflows/{name}")
+    except CliError as exc:
+        _fail(str(exc))
+    out.print(f"{item['name']}  version {item['version']}", highlight=False)
+    table = Table("NODE", "FUNCTION", "AFTER", "WHEN", "TIMEOUT")
+    for node in item["spec"]["nodes"]:
+        when = node.get("when")
+        condition = "" if not when else f"{when['node']}.{when['field']} " + ", ".join(
+            f"{k} {json.dumps(v)}" for k, v in when.items() if k not in ("node", "field"))
+        table.add_row(node["name"], node["function"], ", ".join(node.get("after", [])) or "(request)", condition,
+                      f"{node['timeout_s']:g}s" if node.get("timeout_s") else "")
+    out.print(table)
+
+
+@workflow_app.command("invoke")
+def invoke(
+    name: str,
+    data: Annotated[str, typer.Option("--data", "-d", help="JSON text, or @file to read it from a file")] = "{}",
+    timings: Annotated[bool, typer.Option(help="Print each node's timings")] = False,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the answer")] = 300.0,
+) -> None:
+    """Run a workflow on one JSON input and print its output."""
+    if data.startswith("@"):
+        try:
+            data = Path(data[1:]).read_text(encoding="utf-8")
+        except OSError as exc:
+            _fail(f"cannot read {data[1:]}: {exc.strerror or exc}")
+    try:
+        json.loads(data)
+    except ValueError as exc:
+        _fail(f"--data is not valid JSON: {exc}")
+    try:
+        result = _client(timeout).json("POST", f"/v1/workflows/{name}/invoke", content=data,
+                                       params={"timings": "true"} if timings else None,
+                                       headers={"content-type": "application/json"})
+    except CliError as exc:
+        _fail(str(exc))
+    if not timings:
+        sys.stdout.write(json.dumps(result) + "\n")
+        return
+    sys.stdout.write(json.dumps(result["output"]) + "\n")
+    table = Table("NODE", "STATUS", "START ms", "END ms")
+    for node, run in result["nodes"].items():
+        table.add_row(node, run["status"], "" if run["started_ms"] is None else f"{run['started_ms']:.1f}",
+                      "" if run["ended_ms"] is None else f"{run['ended_ms']:.1f}")
+    err.print(table)
+    err.print(f"total {result['total_ms']:.1f} ms", highlight=False)
+
+
+@workflow_app.command("rm")
+def rm(name: str) -> None:
+    """Delete a workflow (its functions stay)."""
+    try:
+        _client().json("DELETE", f"/v1/workflows/{name}")
+    except CliError as exc:
+        _fail(str(exc))
+    out.print(f"deleted workflow {name}")

@@ -1,0 +1,82 @@
+"""Workflows through the real platform: deploy (validation names the node), fan-out, fan-in,
+a conditional branch, per-node timings, a failing node named in the answer, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from tests.conftest import FIXTURE_FUNCTIONS
+
+WORKFLOW = """
+name: arith
+nodes:
+  - {name: start, function: inc}
+  - {name: doubled, function: double, after: [start]}
+  - {name: plus, function: inc, after: [start]}
+  - {name: total, function: total, after: [doubled, plus]}
+  - name: shrink
+    function: half
+    after: [total]
+    when: {node: total, field: x, one_of: [8, 9, 10, 11, 12, 13, 14, 15, 16]}
+output: [shrink, total]
+"""
+
+
+def _deploy_steps(platform, tmp_path: Path) -> None:  # noqa: ANN001
+    for name, op, amount in (("inc", "add", 1), ("double", "times", 2), ("total", "sum", 0), ("half", "times", 0.5),
+                             ("broken", "fail", 0)):
+        folder = shutil.copytree(FIXTURE_FUNCTIONS / "step", tmp_path / name)
+        text = (folder / "model.yaml").read_text().replace("name: step", f"name: {name}")
+        (folder / "model.yaml").write_text(text + f"model: {{op: {op}, amount: {amount}}}\n")
+        deployed = platform.cli("deploy", str(folder / "model.yaml"))
+        assert deployed.returncode == 0, deployed.stderr
+
+
+def test_workflow_end_to_end(start_platform, tmp_path: Path) -> None:  # noqa: ANN001
+    platform = start_platform()
+    _deploy_steps(platform, tmp_path)
+    spec_file = tmp_path / "workflow.yaml"
+    spec_file.write_text(WORKFLOW)
+    deployed = platform.cli("workflow", "deploy", str(spec_file))
+    assert deployed.returncode == 0 and "5 nodes" in deployed.stdout, deployed.stderr
+    http = platform.http
+
+    # x=1: start 2, doubled 4, plus 3, total 7 (no branch): the answer is total's.
+    assert http.post("/v1/workflows/arith/invoke", json={"x": 1}).json() == {"x": 7}
+    # x=2: start 3, doubled 6, plus 4, total 10: the branch runs and halves it.
+    reply = http.post("/v1/workflows/arith/invoke?timings=true", json={"x": 2}).json()
+    assert reply["output"] == {"x": 5.0}
+    nodes = reply["nodes"]
+    assert all(nodes[n]["status"] == "ok" for n in nodes)
+    assert nodes["total"]["started_ms"] >= max(nodes["doubled"]["ended_ms"], nodes["plus"]["ended_ms"])
+    assert reply["total_ms"] >= nodes["shrink"]["ended_ms"]
+
+    invoked = platform.cli("workflow", "invoke", "arith", "-d", '{"x": 1}', "--timings")
+    assert invoked.returncode == 0 and json.loads(invoked.stdout) == {"x": 7} and "skipped" in invoked.stderr
+    listed = platform.cli("workflow", "ls")
+    assert "arith" in listed.stdout and "shrink, total" in listed.stdout
+    described = platform.cli("workflow", "describe", "arith")
+    assert "total.x one_of" in described.stdout and "doubled, plus" in described.stdout
+
+    # A failing node: the answer names it, its function and why; the rest is cancelled.
+    failing = WORKFLOW.replace("{name: plus, function: inc, after: [start]}",
+                               "{name: plus, function: broken, after: [start]}")
+    assert http.post("/v1/workflows", json={"yaml": failing}).status_code == 200     # version 2
+    reply = http.post("/v1/workflows/arith/invoke", json={"x": 1})
+    assert reply.status_code == 502
+    assert reply.json()["node"] == "plus" and "node 'plus' (broken) failed with 500" in reply.json()["error"]
+    assert "always fails" in reply.json()["error"]
+
+    # Validation at deploy names the node; bad input is a 4xx.
+    for text, message in ((WORKFLOW.replace("function: half", "function: missing"),
+                           "node 'shrink': function 'missing' is not deployed"),
+                          (WORKFLOW.replace("after: [doubled, plus]", "after: [doubled, plus, shrink]"),
+                           "'shrink', 'total': they form a cycle")):
+        refused = http.post("/v1/workflows", json={"yaml": text})
+        assert refused.status_code == 422 and message in refused.json()["error"], refused.text
+    assert http.post("/v1/workflows/arith/invoke", content=b"{").status_code == 400
+    assert http.post("/v1/workflows/nope/invoke", json={}).status_code == 404
+    assert platform.cli("workflow", "rm", "arith").returncode == 0
+    assert http.get("/v1/workflows/arith").status_code == 404
