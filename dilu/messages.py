@@ -95,6 +95,7 @@ class InstanceStatus(_Wire):
     pid: int | None = None
     exit_code: int | None = None
     was_ready: bool = False
+    startup: dict[str, float] | None = None   # seconds per loading stage, once ready (dilu.loading)
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,9 @@ class FunctionPublic(BaseModel):
     in_flight_requests: int = Field(0, description="Requests being served, seen from this gateway")
     invoke_url: str
     profile: dict[str, Any] | None = Field(None, description="What profiling found for this version")
+    loading: dict[str, Any] | None = Field(None, description="This version's cold start by stage (spawn, runtime, "
+                                                             "imports, load, ready): running mean seconds and "
+                                                             "starts seen")
     spec: dict[str, Any]
     source_dir: str = Field(description="The local folder it was deployed from; empty for a bundle or an image")
     bundle: str | None = Field(None, description="Digest of the uploaded code bundle")

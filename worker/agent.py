@@ -15,6 +15,8 @@ from pathlib import Path
 
 import httpx
 
+from dilu.loading import stages_from_marks
+
 from dilu.messages import FAILED, READY, STARTING, STOPPED, STOPPING, InstanceStatus, StartInstance, WorkerInfo
 from dilu.slices import default_slice
 from dilu.state.base import Channel, StateStore
@@ -35,6 +37,8 @@ class _Instance:
     exit_code: int | None = None
     was_ready: bool = False
     started_at: float = field(default_factory=time.monotonic)
+    requested_at: float = field(default_factory=time.time)   # wall clock, to compare with the instance's marks
+    startup: dict[str, float] | None = None   # seconds per loading stage (dilu.loading), once ready
     ended_at: float | None = None
     slice: tuple[float, float] = (0.0, 1.0)   # (request, limit) that applies once the instance is ready
     progress: tuple[float, float] | None = None   # (units, at) last read from a batch-class instance
@@ -50,7 +54,7 @@ class _Instance:
             version=self.request.version, state=self.state,
             endpoint=self.running.endpoint if self.running else None, error=self.error,
             pid=self.running.pid if self.running else None, exit_code=self.exit_code,
-            was_ready=self.was_ready)
+            was_ready=self.was_ready, startup=self.startup)
 
 
 def read_log_tail(path: Path, lines: int) -> str:
@@ -269,6 +273,11 @@ class WorkerAgent:
         except httpx.HTTPError:
             healthy = False
         if healthy:
+            try:
+                marks = response.json().get("startup") or {}
+                record.startup = stages_from_marks(record.requested_at, marks) if isinstance(marks, dict) else None
+            except (ValueError, AttributeError):
+                record.startup = None   # an instance that answers no marks still serves
             record.state, record.was_ready = READY, True
             self._apply_slice(record)
             await self._changed(record)

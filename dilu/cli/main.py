@@ -300,6 +300,12 @@ def describe(name: str) -> None:
         else:
             out.print(f"profile: {profile['status']} ({profile['trials']} trials)"
                       + (f": {profile['error']}" if profile.get("error") else ""), highlight=False)
+    loading = function.get("loading") or {}
+    if loading:
+        parts = ", ".join(f"{stage} {loading[stage]['mean_s']:.2f}s" for stage in loading)
+        starts = max(entry["samples"] for entry in loading.values())
+        total = sum(entry["mean_s"] for entry in loading.values())
+        out.print(f"loading: {total:.2f}s ({parts}; mean of {starts} start(s))", highlight=False)
     out.print_json(json.dumps(function["spec"]))
     table = Table("INSTANCE", "WORKER", "VERSION", "STATE", "ENDPOINT", "SLICE", "GRANTED", "USED", "KLC",
                   "PROGRESS")

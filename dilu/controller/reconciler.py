@@ -167,6 +167,9 @@ class Reconciler:
             elif updates["state"] == READY:
                 self._start_failures.pop((row.function, row.function_version), None)
                 await self.ctx.event(row.function, "ready", f"instance {row.id} is ready", row.id)
+                if status is not None and status.startup:
+                    await self.ctx.db(repo.record_loading, function=row.function, version=row.function_version,
+                                      sample=status.startup)
 
     async def _instance_failed(self, row: InstanceRow, error: str, was_ready: bool) -> None:
         if was_ready:

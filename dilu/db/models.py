@@ -88,6 +88,18 @@ class ApiKeyRow(Base):
     revoked_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
 
 
+class LoadingStagesRow(Base):
+    """Running estimates of a function version's loading stages (``dilu.loading``)."""
+
+    __tablename__ = "loading_stages"
+
+    function: Mapped[str] = mapped_column(String(63), ForeignKey("functions.name", ondelete="CASCADE"),
+                                          primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    stages: Mapped[dict[str, Any]] = mapped_column(JSON)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+
+
 class WorkflowRow(Base):
     """A workflow: a DAG of functions (``dilu.workflow``), stored as written."""
 

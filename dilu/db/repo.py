@@ -9,8 +9,8 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from dilu.db.models import (ApiKeyRow, BundleRow, FunctionRow, InstanceRow, ProfileRow, ScalingEventRow, WorkerRow,
-                            WorkflowRow, utcnow)
+from dilu.db.models import (ApiKeyRow, BundleRow, FunctionRow, InstanceRow, LoadingStagesRow, ProfileRow,
+                            ScalingEventRow, WorkerRow, WorkflowRow, utcnow)
 from dilu.messages import ACTIVE_STATES, FunctionStatus, WorkerInfo
 
 
@@ -274,3 +274,30 @@ def delete_workflow(*, session: Session, name: str) -> bool:
     result = session.execute(delete(WorkflowRow).where(WorkflowRow.name == name))
     session.commit()
     return result.rowcount > 0
+
+
+def record_loading(*, session: Session, function: str, version: int, sample: dict[str, float]) -> dict | None:
+    """Folds one start's stage times into the version's running estimates; None if the function is gone."""
+    from dilu.loading import update_estimates
+
+    if session.get(FunctionRow, function) is None:
+        return None
+    row = session.get(LoadingStagesRow, (function, version))
+    if row is None:
+        row = LoadingStagesRow(function=function, version=version, stages=update_estimates(None, sample),
+                               updated_at=utcnow())
+        session.add(row)
+    else:
+        row.stages = update_estimates(row.stages, sample)
+        row.updated_at = utcnow()
+    try:
+        session.commit()
+    except IntegrityError:   # the function was deleted meanwhile
+        session.rollback()
+        return None
+    return row.stages
+
+
+def get_loading(*, session: Session, function: str, version: int) -> dict | None:
+    row = session.get(LoadingStagesRow, (function, version))
+    return row.stages if row is not None else None

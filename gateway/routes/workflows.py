@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from datetime import datetime
 from typing import Any
 
@@ -149,7 +150,7 @@ async def invoke_workflow(name: str, request: Request, services: ServicesDep,
         return outcome.status, outcome.body
 
     spec = workflow_from_dict(row.spec)
-    started = asyncio.get_running_loop().time()
+    started = time.perf_counter()   # the executor's clock, so the total covers every node's times
     try:
         output, runs = await run_workflow(spec, payload, call)
     except WorkflowFailed as failure:
@@ -159,6 +160,6 @@ async def invoke_workflow(name: str, request: Request, services: ServicesDep,
         return JSONResponse(content, status_code=failure.status)
     if timings:
         output = {"output": output, "nodes": {n: r.to_dict() for n, r in runs.items()},
-                  "total_ms": round((asyncio.get_running_loop().time() - started) * 1000, 3)}
+                  "total_ms": round((time.perf_counter() - started) * 1000, 3)}
     # As a direct invocation passes its function's JSON through, so does the workflow.
     return Response(json.dumps(output).encode(), media_type="application/json")

@@ -53,6 +53,11 @@ def test_workflow_end_to_end(start_platform, tmp_path: Path) -> None:  # noqa: A
     assert nodes["total"]["started_ms"] >= max(nodes["doubled"]["ended_ms"], nodes["plus"]["ended_ms"])
     assert reply["total_ms"] >= nodes["shrink"]["ended_ms"]
 
+    # Every function's loading stages were measured when its instance started.
+    loading = platform.function("inc")["loading"]
+    assert set(loading) == {"spawn", "runtime", "imports", "load", "ready"} and loading["load"]["samples"] >= 1
+    assert "loading:" in platform.cli("describe", "inc").stdout
+
     invoked = platform.cli("workflow", "invoke", "arith", "-d", '{"x": 1}', "--timings")
     assert invoked.returncode == 0 and json.loads(invoked.stdout) == {"x": 7} and "skipped" in invoked.stderr
     listed = platform.cli("workflow", "ls")
