@@ -114,3 +114,4 @@ class FunctionActivity:
     queued: int = 0
     last_request_at: float | None = None
     requests: dict[int, int] = field(default_factory=dict)  # unix second -> count
+    expected_until: float | None = None   # a workflow will need it until then (unix time): keep or load it

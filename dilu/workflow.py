@@ -24,7 +24,7 @@ Errors name the node and the problem.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -82,6 +82,9 @@ class WorkflowSpec(_Strict):
                                                              "default: the only node nothing depends on")
     timeout_s: float = Field(60.0, gt=0, le=3600, description="End-to-end limit")
     node_timeout_s: float = Field(30.0, gt=0, le=3600, description="Default limit of one node")
+    loading: Literal["slack", "eager", "on-demand"] = Field(
+        "slack", description="When cold nodes start loading: just in time for when they are needed (slack), all "
+                             "at the request's arrival (eager), or when reached (on-demand)")
 
     @property
     def outputs(self) -> list[str]:

@@ -22,6 +22,7 @@ from dilu.messages import READY, Endpoint, FunctionStatus, InstanceRole
 from dilu.state.base import Channel, StateStore, follow
 from gateway.auth import Authenticator
 from gateway.dashboard.view import LatencyWindow, ShareHistory, sample
+from gateway.workflow_loading import BranchStats
 from gateway.forward import Forwarder
 from gateway.routing import RoutingTable
 from dilu.worker_client import WorkerDirectory
@@ -36,6 +37,7 @@ class FunctionEntry:
     status: str
     error: str | None
     spec: dict[str, Any]
+    cold_start_s: float | None = None   # the current version's loading stages, summed (None: never started)
 
 
 class FunctionCache:
@@ -56,7 +58,9 @@ class FunctionCache:
         with self._sessions() as session:
             rows = ([repo.get_function(session=session, name=name)] if name
                     else repo.list_functions(session=session))
-            return [FunctionEntry(r.name, r.version, r.status, r.error, r.spec) for r in rows if r is not None]
+            cold = repo.loading_totals(session=session)
+            return [FunctionEntry(r.name, r.version, r.status, r.error, r.spec, cold.get((r.name, r.version)))
+                    for r in rows if r is not None]
 
     async def refresh(self, name: str | None = None) -> None:
         """Reloads one function (or all) from the database."""
@@ -79,6 +83,12 @@ class ActivityRecorder:
         self._routing = routing
         self._counts: dict[str, dict[int, int]] = {}
         self._last_request: dict[str, float] = {}
+        self._expected: dict[str, float] = {}
+
+    def expect(self, function: str, until: float) -> None:
+        """A workflow will need ``function`` until ``until`` (unix time): the controller starts an
+        instance if none runs, and keeps it meanwhile."""
+        self._expected[function] = max(until, self._expected.get(function, 0.0))
 
     def started(self, function: str) -> None:
         now = time.time()
@@ -90,10 +100,12 @@ class ActivityRecorder:
     def take(self, functions: list[str]) -> tuple[dict[str, dict[str, Any]], dict[str, dict[int, int]]]:
         """The snapshot to publish and the counts gathered since the last call."""
         counts, self._counts = self._counts, {}
+        now = time.time()
+        self._expected = {name: until for name, until in self._expected.items() if until > now}
         snapshot = {
             name: {"in_flight": self._routing.in_flight(name), "queued": self._routing.queued(name),
-                   "last_request_at": self._last_request.get(name)}
-            for name in set(functions) | set(self._last_request)
+                   "last_request_at": self._last_request.get(name), "expected_until": self._expected.get(name)}
+            for name in set(functions) | set(self._last_request) | set(self._expected)
         }
         return snapshot, counts
 
@@ -113,7 +125,9 @@ class GatewayServices:
         self.forwarder = Forwarder()
         self.scheduler = create_scheduler(settings.scheduler)  # admits resizes as placements are admitted
         self.auth = Authenticator(sessions, settings.admin_key)
-        self.latency = LatencyWindow()     # the dashboard's p99 of what this gateway served
+        self.latency = LatencyWindow()     # the dashboard's p99 (and workflows' expected times) of what it served
+        self.branches = BranchStats()      # how often each workflow node ran lately
+        self._background: set[asyncio.Task] = set()
         self.shares = ShareHistory()       # the dashboard's granted/used shares over time
         self._tasks: list[asyncio.Task] = []
         self._pending_counts: dict[str, dict[int, int]] = {}
@@ -142,6 +156,13 @@ class GatewayServices:
         except Exception:
             log.exception("final activity flush failed")
         await self.forwarder.close()
+
+    def spawn(self, coroutine) -> asyncio.Task:  # noqa: ANN001
+        """Runs ``coroutine`` in the background, kept referenced until it ends."""
+        task = asyncio.create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
 
     async def sample_shares(self) -> None:
         """Adds one sample of every GPU instance's granted and used share to the history."""

@@ -117,7 +117,8 @@ class FunctionManager:
             starting=sum(1 for r in current if r.state != READY),
             in_flight=activity.in_flight, queued=activity.queued,
             concurrency_per_instance=2 * spec.batching.max_batch_size, lazy_desired=lazy,
-            lazy_reason=lazy_reason, keep=keep.verdict, keep_reason=keep.reason))
+            lazy_reason=lazy_reason, keep=keep.verdict, keep_reason=keep.reason,
+            expected=activity.expected_until is not None and activity.expected_until > now))
 
     def forget_except(self, current: set[tuple[str, int]]) -> None:
         """Drops the policy state and the profiling jobs of functions (versions) that no longer exist."""

@@ -301,3 +301,11 @@ def record_loading(*, session: Session, function: str, version: int, sample: dic
 def get_loading(*, session: Session, function: str, version: int) -> dict | None:
     row = session.get(LoadingStagesRow, (function, version))
     return row.stages if row is not None else None
+
+
+def loading_totals(*, session: Session) -> dict[tuple[str, int], float]:
+    """(function, version) -> its estimated cold start, the sum of its stages' running means."""
+    from dilu.loading import total_s
+
+    return {(row.function, row.version): total_s(row.stages) or 0.0
+            for row in session.scalars(select(LoadingStagesRow))}

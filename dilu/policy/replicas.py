@@ -28,6 +28,7 @@ class ReplicaContext:
     lazy_reason: str = ""                 # why the horizontal scaler wants ``lazy_desired``
     keep: Verdict = Verdict.HOLD          # keep-alive's verdict for an idle function
     keep_reason: str = "within keep-alive"
+    expected: bool = False                # a workflow request will need it soon (loading in the slack)
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,10 @@ def desired_instances(ctx: ReplicaContext) -> ReplicaDecision:
         if desired > ctx.current:
             return ReplicaDecision(desired, f"{demand} concurrent request(s) need {needed} instance(s)")
         return ReplicaDecision(desired, "serving")
+    if ctx.expected:   # a workflow request will reach it soon: load it now, or keep what runs
+        if ctx.current == 0:
+            return ReplicaDecision(_clamp(ctx, max(ctx.min_instances, 1)), "pre-load: a workflow request needs it soon")
+        return ReplicaDecision(_clamp(ctx, max(ctx.current, ctx.min_instances)), "kept: a workflow request needs it soon")
     if ctx.keep == Verdict.UNLOAD:
         if ctx.current > ctx.min_instances:
             return ReplicaDecision(ctx.min_instances, ctx.keep_reason)

@@ -86,6 +86,9 @@ def merge_activity(snapshots: list[dict[str, dict[str, Any]]],
             last = item.get("last_request_at")
             if last is not None and (into["last_request_at"] is None or last > into["last_request_at"]):
                 into["last_request_at"] = last
+            expected = item.get("expected_until")
+            if expected is not None and (into.get("expected_until") is None or expected > into["expected_until"]):
+                into["expected_until"] = float(expected)
     names = set(merged) | set(counts)
     return {
         name: FunctionActivity(
@@ -93,6 +96,7 @@ def merge_activity(snapshots: list[dict[str, dict[str, Any]]],
             queued=merged.get(name, {}).get("queued", 0),
             last_request_at=merged.get(name, {}).get("last_request_at"),
             requests=dict(counts.get(name, {})),
+            expected_until=merged.get(name, {}).get("expected_until"),
         )
         for name in names
     }

@@ -39,6 +39,11 @@ class LatencyWindow:
             return None
         return round(recent[math.ceil(0.99 * len(recent)) - 1] * 1000, 3)
 
+    def median_s(self, function: str, now: float) -> float | None:
+        """The median of the window, in seconds; None without samples."""
+        recent = sorted(s for t, s in self._samples.get(function, ()) if now - t <= self.window_s)
+        return recent[len(recent) // 2] if recent else None
+
     def forget(self, function: str) -> None:
         self._samples.pop(function, None)
 

@@ -20,6 +20,7 @@ from gateway.docs import AUTH_ERRORS, SECURED, ErrorBody, errors
 from gateway.errors import error_response
 from gateway.limits import BodyTooLarge, read_capped
 from gateway.routes.invoke import handle_invoke
+from gateway.workflow_loading import schedule_loads
 from gateway.workflow_run import WorkflowFailed, run_workflow
 
 router = APIRouter(prefix="/v1/workflows", tags=["workflows"], dependencies=SECURED, responses=AUTH_ERRORS)
@@ -151,13 +152,20 @@ async def invoke_workflow(name: str, request: Request, services: ServicesDep,
 
     spec = workflow_from_dict(row.spec)
     started = time.perf_counter()   # the executor's clock, so the total covers every node's times
+    loads = schedule_loads(services, name, spec)
     try:
         output, runs = await run_workflow(spec, payload, call)
+        services.branches.record(name, runs)
     except WorkflowFailed as failure:
+        services.branches.record(name, failure.runs)
+        for handle in loads:
+            handle.cancel()
         content: dict[str, Any] = {"error": failure.message, "node": failure.node}
         if timings:
             content["nodes"] = {n: r.to_dict() for n, r in failure.runs.items()}
         return JSONResponse(content, status_code=failure.status)
+    for handle in loads:
+        handle.cancel()
     if timings:
         output = {"output": output, "nodes": {n: r.to_dict() for n, r in runs.items()},
                   "total_ms": round((time.perf_counter() - started) * 1000, 3)}

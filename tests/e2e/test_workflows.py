@@ -85,3 +85,43 @@ def test_workflow_end_to_end(start_platform, tmp_path: Path) -> None:  # noqa: A
     assert http.post("/v1/workflows/nope/invoke", json={}).status_code == 404
     assert platform.cli("workflow", "rm", "arith").returncode == 0
     assert http.get("/v1/workflows/arith").status_code == 404
+
+
+def _instance_created(platform, function: str) -> float:  # noqa: ANN001
+    from datetime import datetime
+
+    rows = platform.http.get(f"/v1/functions/{function}/instances").json()
+    return min(datetime.fromisoformat(r["created_at"]).timestamp() for r in rows)
+
+
+def test_nodes_load_in_the_slack_or_when_reached(start_platform, tmp_path: Path) -> None:  # noqa: ANN001
+    import time
+
+    from tests.waiting import eventually
+
+    platform = start_platform()
+    for name, extra in (("slow", "model: {op: add, amount: 1, sleep_s: 1.5}\n"), ("inc", "model: {op: add}\n")):
+        folder = shutil.copytree(FIXTURE_FUNCTIONS / "step", tmp_path / name)
+        text = (folder / "model.yaml").read_text().replace("name: step", f"name: {name}")
+        text = text.replace("keep_alive_s: 300", "keep_alive_s: 1")
+        (folder / "model.yaml").write_text(text + extra)
+        assert platform.cli("deploy", str(folder / "model.yaml")).returncode == 0
+
+    def run(loading: str) -> tuple[float, float]:
+        """(when b's instance was created, when a ended), both from the request's start."""
+        spec = f"name: chain\nloading: {loading}\nnodes:\n  - {{name: a, function: slow}}\n" \
+               "  - {name: b, function: inc, after: [a]}\n"
+        assert platform.http.post("/v1/workflows", json={"yaml": spec}).status_code in (200, 201)
+        eventually(lambda: not platform.instances("inc"), timeout=60, what="inc to scale to zero")
+        sent = time.time()
+        reply = platform.http.post("/v1/workflows/chain/invoke?timings=true", json={"x": 1}).json()
+        assert reply["output"] == {"x": 3}
+        return _instance_created(platform, "inc") - sent, reply["nodes"]["a"]["ended_ms"] / 1000
+
+    run("on-demand")   # teaches the gateway how long a takes and how long inc loads
+    created, a_ended = run("on-demand")
+    assert created >= a_ended - 0.05          # loaded only once a was done
+    created, a_ended = run("slack")
+    assert created < a_ended                  # loaded while a ran (in its slack)
+    created, a_ended = run("eager")
+    assert created < a_ended

@@ -1,0 +1,75 @@
+"""Loading a workflow request's nodes ahead of need (``dilu.policy.slack`` decides when; this
+module gathers its inputs and acts on its plan).
+
+Inputs per node: its function's expected execution time (the median of what this gateway saw
+lately), its cold start (the loading stages' estimate of its current version), whether a ready
+instance exists, and how often the node ran in the workflow's recent requests (for branches).
+Acting: at each node's load time the gateway tells the controller the function will be needed
+until the node is expected to be done (``ActivityRecorder.expect``, then a demand signal), and
+the controller starts an instance if none runs and keeps it meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from typing import Any
+
+from dilu.policy.slack import NodeEstimate, plan
+from dilu.workflow import WorkflowSpec
+from gateway.workflow_run import NodeRun
+
+DEFAULT_EXEC_S = 0.05     # a node of a function this gateway has not served yet
+UNKNOWN_COLD_S = 2.0      # a function version never started yet
+KEEP_AFTER_S = 10.0       # the expectation outlives the node's expected end by this much
+HISTORY = 50              # recent requests per workflow that branch probabilities come from
+
+
+class BranchStats:
+    """How often each node of a workflow ran in its recent requests."""
+
+    def __init__(self) -> None:
+        self._ran: dict[tuple[str, str], deque[bool]] = {}
+
+    def record(self, workflow: str, runs: dict[str, NodeRun]) -> None:
+        for node, run in runs.items():
+            if run.status in ("ok", "skipped", "failed", "timeout"):
+                self._ran.setdefault((workflow, node), deque(maxlen=HISTORY)).append(run.status != "skipped")
+
+    def probability(self, workflow: str, spec: WorkflowSpec) -> dict[str, float]:
+        result = {}
+        for node in spec.nodes:
+            seen = self._ran.get((workflow, node.name))
+            result[node.name] = sum(seen) / len(seen) if seen else 0.0
+        return result
+
+
+def estimates(services: Any, spec: WorkflowSpec, now: float) -> dict[str, NodeEstimate]:
+    result = {}
+    for node in spec.nodes:
+        entry = services.functions.get(node.function)
+        cold = entry.cold_start_s if entry is not None and entry.cold_start_s is not None else UNKNOWN_COLD_S
+        result[node.name] = NodeEstimate(exec_s=services.latency.median_s(node.function, now) or DEFAULT_EXEC_S,
+                                         cold_s=cold, warm=bool(services.routing.endpoints(node.function)))
+    return result
+
+
+def schedule_loads(services: Any, name: str, spec: WorkflowSpec) -> list[asyncio.TimerHandle]:
+    """Arranges the loads the plan asks for; the caller cancels what is left when the request ends."""
+    now = time.time()
+    timeline = plan(spec, estimates(services, spec, now), policy=spec.loading,
+                    branch_probability=services.branches.probability(name, spec))
+    loop = asyncio.get_running_loop()
+    handles = []
+    for node_name, planned in timeline.items():
+        if planned.load_at_s is None:
+            continue
+        function, until = spec.node(node_name).function, now + planned.done_at_s + KEEP_AFTER_S
+
+        def load(function: str = function, until: float = until) -> None:
+            services.activity.expect(function, until)
+            services.spawn(services.demand(function))
+
+        handles.append(loop.call_later(planned.load_at_s, load))
+    return handles
