@@ -142,8 +142,13 @@ class WorkerSettings(CommonSettings):
     stop_grace_s: float = Field(5.0, ge=0, description="SIGTERM to SIGKILL delay")
     startup_timeout_s: float = Field(300.0, gt=0, description="Instance load must finish within this")
     python: str | None = Field(None, description="Interpreter for instances; this one when unset")
-    spare_processes: int = Field(1, ge=0, le=16, description="Instance processes kept started and imported, "
-                                                              "so CPU cold starts skip interpreter start-up")
+    spare_processes: int = Field(1, ge=0, le=16, description="Runtime pool: the least instance processes kept "
+                                                              "started and imported, so CPU cold starts skip "
+                                                              "interpreter start-up and common imports")
+    spare_max: int = Field(3, ge=0, le=16, description="Runtime pool: the most spares (one more per spare taken "
+                                                       "in the last minute)")
+    spare_preload: str = Field("torch", max_length=500, description="Modules (comma-separated) spares import while "
+                                                                    "they wait; empty: none")
     gpus: str | None = Field(None, description="'none' forces a CPU worker; otherwise all GPUs found")
     worker_name: str | None = Field(None, description="Prefix of this host's worker ids; the hostname when unset")
     fake_gpus: int = Field(0, ge=0, le=16, description="Simulated GPUs (fake driver + real shim), for machines without one")

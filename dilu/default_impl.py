@@ -45,7 +45,9 @@ def create_backend(settings: WorkerSettings) -> RuntimeBackend:
         user = _instance_user(settings) if os.geteuid() == 0 else None
         return ProcessBackend(state_dir=settings.home, python=settings.python, host=settings.host,
                               advertise_host=settings.effective_advertise_host, cpu=CpuLimiter(),
-                              spares=settings.spare_processes, user=user)
+                              spares=settings.spare_processes, spares_max=settings.spare_max,
+                              preload=tuple(m.strip() for m in settings.spare_preload.split(",") if m.strip()),
+                              user=user)
     if settings.runtime == "docker":
         from worker.backends.docker import DockerBackend
 

@@ -29,6 +29,9 @@ class WorkerClient(Protocol):
     async def set_slice(self, instance_id: str, sm_request: float, sm_limit: float) -> bool:
         """Resizes a running GPU instance's compute slice; False if it is not running there."""
 
+    async def info(self) -> dict:
+        """The worker's identity and its runtime pool (``runtime_pool``: None without one)."""
+
 
 class InProcessWorkerClient:
     """For `dilu up`: calls the agent directly."""
@@ -51,6 +54,9 @@ class InProcessWorkerClient:
     async def set_slice(self, instance_id: str, sm_request: float, sm_limit: float) -> bool:
         return await self._agent.set_slice(instance_id, sm_request, sm_limit)
 
+    async def info(self) -> dict:
+        return self._agent.describe()
+
 
 class HttpWorkerClient:
     """For roles on different hosts: the worker's HTTP API (worker/api.py)."""
@@ -69,6 +75,9 @@ class HttpWorkerClient:
         if response.status_code >= 400:
             raise WorkerUnavailable(f"worker at {self._base} answered {response.status_code}: {response.text}")
         return response
+
+    async def info(self) -> dict:
+        return (await self._call("GET", "/v1/info")).json()
 
     async def start_instance(self, request: StartInstance) -> InstanceStatus:
         response = await self._call("POST", "/v1/instances", json=request.to_dict())

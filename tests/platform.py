@@ -83,7 +83,9 @@ def list_lines(stream):  # noqa: ANN001, ANN201
 def start_role(args: list[str], env: dict[str, str], log_path: Path, wait_for_url: bool = True,
                timeout: float = 60) -> Role:
     # Several gateways may run at once: each takes a free gRPC port unless the test names one.
-    full_env = {**os.environ, "DILU_GRPC_PORT": "0", **env}
+    # Spares import no torch here (each platform would spend seconds of CPU on it); the pool's
+    # preloading has its own test.
+    full_env = {**os.environ, "DILU_GRPC_PORT": "0", "DILU_SPARE_PRELOAD": "", **env}
     log_file = open(log_path, "ab")  # noqa: SIM115 - closed with the process
     process = subprocess.Popen([dilu_executable(), *args], env=full_env, stdout=subprocess.PIPE,
                                stderr=log_file, stdin=subprocess.DEVNULL, text=True)

@@ -239,6 +239,7 @@ class WorkerAgent:
                     await self._store.heartbeat(self.info, self._ttl_s)
                     await self._read_progress()
                     await self._store.report_telemetry(self.info.id, self.telemetry(), self._ttl_s)
+                    self._backend.maintain()
                     last_beat = loop.time()
                 except Exception:
                     log.exception("heartbeat failed")
@@ -298,6 +299,10 @@ class WorkerAgent:
                 "worker": self.info.id, "instance": record.request.instance_id, "state": record.state})
         except Exception:
             log.exception("could not publish an instance change")
+
+    def describe(self) -> dict:
+        """The worker as ``/v1/info`` shows it: its identity and its runtime pool."""
+        return {**self.info.to_dict(), "runtime_pool": self._backend.pool_status()}
 
     async def shutdown(self) -> None:
         """Stops every instance (used when the worker itself stops)."""

@@ -30,7 +30,7 @@ def create_worker_api(agent, cluster_key: str | None = None) -> FastAPI:  # noqa
 
     @app.get("/v1/info")
     async def info() -> dict[str, Any]:
-        return agent.info.to_dict()
+        return agent.describe()
 
     @app.post("/v1/instances")
     async def start(body: dict[str, Any]) -> dict[str, Any]:

@@ -453,10 +453,13 @@ def status() -> None:
         _fail(str(exc))
     out.print(f"gateway {info['gateway']}   database {info['database']}   state {info['state_store']}",
               highlight=False)
-    table = Table("WORKER", "STATE", "DEVICE", "MEMORY", "INSTANCES")
+    table = Table("WORKER", "STATE", "DEVICE", "MEMORY", "INSTANCES", "RUNTIME POOL")
     for w in info["workers"]:
+        pool = w.get("runtime_pool")
+        pool_text = "-" if not pool else (f"{pool['spares']} ready (target {pool['target']}, {pool['min']}-{pool['max']})"
+                                          + (f", {'+'.join(pool['preloaded'])} imported" if pool["preloaded"] else ""))
         table.add_row(w["id"], w["state"], f"{w['device']} ({w['device_name']})",
-                      f"{w['memory_bytes'] / 2**30:.1f} GiB", str(w["instances"]))
+                      f"{w['memory_bytes'] / 2**30:.1f} GiB", str(w["instances"]), pool_text)
     out.print(table)
     by_status = ", ".join(f"{k}: {v}" for k, v in info["functions"]["by_status"].items()) or "none"
     out.print(f"functions: {info['functions']['total']} ({by_status})   instances: {info['instances']}",

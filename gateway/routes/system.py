@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from dilu.db import repo
 from dilu.messages import ACTIVE_STATES
-from gateway.deps import ServicesDep, SessionDep
+from gateway.deps import ServicesDep
 from gateway.docs import AUTH_ERRORS, SECURED
 
 router = APIRouter(tags=["system"])
@@ -18,11 +20,29 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
+async def _pools(services, workers) -> dict:  # noqa: ANN001
+    """Each live worker's runtime pool, asked of the worker itself (best effort, bounded)."""
+    async def one(worker):  # noqa: ANN001, ANN202
+        client = services.directory.client_for(worker.id, worker.url)
+        if client is None or worker.state != "alive":
+            return worker.id, None
+        try:
+            return worker.id, (await asyncio.wait_for(client.info(), 2.0)).get("runtime_pool")
+        except Exception:  # noqa: BLE001 - a slow or lost worker shows no pool
+            return worker.id, None
+
+    return dict(await asyncio.gather(*(one(w) for w in workers)))
+
+
 @router.get("/v1/status", dependencies=SECURED, responses=AUTH_ERRORS)
-def status(session: SessionDep, services: ServicesDep) -> dict:
-    workers = repo.list_workers(session=session)
-    functions = repo.list_functions(session=session)
-    active = repo.list_instances(session=session, active_only=True)
+async def status(services: ServicesDep) -> dict:
+    def read():  # noqa: ANN202
+        with services.sessions() as session:
+            return (repo.list_workers(session=session), repo.list_functions(session=session),
+                    repo.list_instances(session=session, active_only=True))
+
+    workers, functions, active = await asyncio.to_thread(read)
+    pools = await _pools(services, workers)
     return {
         "gateway": services.gateway_id,
         "database": services.settings.effective_database_url.split("://", 1)[0],
@@ -30,7 +50,8 @@ def status(session: SessionDep, services: ServicesDep) -> dict:
         "workers": [
             {"id": w.id, "state": w.state, "device": w.device_kind, "device_name": w.device_name,
              "memory_bytes": w.memory_bytes, "url": w.url,
-             "instances": sum(1 for i in active if i.worker_id == w.id and i.state in ACTIVE_STATES)}
+             "instances": sum(1 for i in active if i.worker_id == w.id and i.state in ACTIVE_STATES),
+             "runtime_pool": pools.get(w.id)}
             for w in workers
         ],
         "functions": {"total": len(functions),

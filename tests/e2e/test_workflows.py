@@ -57,6 +57,8 @@ def test_workflow_end_to_end(start_platform, tmp_path: Path) -> None:  # noqa: A
     loading = platform.function("inc")["loading"]
     assert set(loading) == {"spawn", "runtime", "imports", "load", "ready"} and loading["load"]["samples"] >= 1
     assert "loading:" in platform.cli("describe", "inc").stdout
+    status = platform.cli("status").stdout
+    assert "RUNTIME POOL" in status and "ready (target" in status      # the worker's pool of spares
 
     invoked = platform.cli("workflow", "invoke", "arith", "-d", '{"x": 1}', "--timings")
     assert invoked.returncode == 0 and json.loads(invoked.stdout) == {"x": 7} and "skipped" in invoked.stderr

@@ -174,3 +174,38 @@ async def test_a_cpu_instance_starts_in_a_spare_process_with_its_own_env_dir_and
     finally:
         await agent.shutdown()
     assert next_spare.poll() is not None, "closing the backend ends its spares"
+
+
+async def test_the_runtime_pool_grows_with_cold_starts_within_its_bounds_and_preloads(tmp_path: Path) -> None:
+    """Spares import the common libraries while they wait; each spare taken adds one to the pool
+    for a while, never past its maximum, and the pool shrinks back once cold starts stop."""
+    backend = ProcessBackend(state_dir=tmp_path, spares=1, spares_max=2, preload=("wave", "no_such_module_xyz"))
+    info = WorkerInfo(id="w-pool", host="test", url=None,
+                      device=DeviceInfo(kind="cpu", uuid=None, name="cpu", memory_bytes=2**33))
+    agent = WorkerAgent(info=info, backend=backend, store=MemoryStore(), logs_dir=tmp_path / "logs",
+                        health_poll_s=0.05, stop_grace_s=5)
+    snoop = str(FIXTURE_FUNCTIONS / "snoop")
+    try:
+        assert backend.pool_status() == {"spares": 1, "target": 1, "min": 1, "max": 2,
+                                         "preloaded": ["wave", "no_such_module_xyz"]}
+        assert agent.describe()["runtime_pool"]["max"] == 2
+        first = await agent.start_instance(make_start("i-a", snoop, handler="handler:Snoop"))
+        assert backend.pool_status()["target"] == 2 and len(backend._spares) == 2
+        for name in ("i-b", "i-c"):
+            await agent.start_instance(make_start(name, snoop, handler="handler:Snoop"))
+            assert len(backend._spares) <= 2 and backend.pool_status()["target"] == 2
+        await until_state(agent, "i-a", "ready")
+        async with httpx.AsyncClient(base_url=first.endpoint, timeout=30) as client:
+            seen = (await client.post("/infer", json={"modules": ["wave", "tarfile_not_imported_by_anyone"]})).json()
+        assert seen["imported"] == {"wave": True, "tarfile_not_imported_by_anyone": False}
+        assert "could not preload no_such_module_xyz" in (tmp_path / "logs" / "i-a.log").read_text()
+
+        backend._pool.window_s = 0.2    # the last minute, shortened: no more cold starts come
+
+        async def shrunk() -> bool:
+            backend.maintain()
+            return backend.pool_status() == {**backend.pool_status(), "spares": 1, "target": 1}
+
+        await async_eventually(shrunk, timeout=30, what="the pool to shrink back to its minimum")
+    finally:
+        await agent.shutdown()

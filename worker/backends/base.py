@@ -66,3 +66,9 @@ class RuntimeBackend(Protocol):
 
     def close(self) -> None:
         """Frees what the backend holds for future instances (spare processes); idempotent."""
+
+    def maintain(self) -> None:
+        """Periodic upkeep (the runtime pool's size); cheap."""
+
+    def pool_status(self) -> dict | None:
+        """The runtime pool (spares, target, min, max, preloaded modules); None without one."""

@@ -257,6 +257,12 @@ class DockerBackend:
         except docker.errors.DockerException as exc:
             log.warning("stopping %s: %s", running.handle.name, _short(exc))
 
+    def maintain(self) -> None:
+        pass   # containers start from their image; no pool of pre-started runtimes
+
+    def pool_status(self) -> None:
+        return None
+
     @property
     def shared_dir(self) -> None:
         return None   # the sockets' folder is mounted into each container

@@ -24,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -34,6 +35,7 @@ from dilu.instance_protocol import InstanceConfig
 from dilu.messages import DeviceInfo, StartInstance
 from worker.cgroups import CpuLimiter, join_group, join_group_of
 from worker.backends.base import RunningInstance, endpoint_url
+from worker.pool import PoolSizer
 from worker.sandbox import InstanceUser, Sandboxes, become
 
 _PR_SET_PDEATHSIG = 1
@@ -71,15 +73,17 @@ class ProcessBackend:
 
     def __init__(self, *, state_dir: Path, python: str | None = None, host: str = "127.0.0.1",
                  advertise_host: str | None = None, base_env: dict[str, str] | None = None,
-                 cpu: CpuLimiter | None = None, spares: int = 0, user: InstanceUser | None = None) -> None:
+                 cpu: CpuLimiter | None = None, spares: int = 0, spares_max: int | None = None,
+                 preload: tuple[str, ...] = (), user: InstanceUser | None = None) -> None:
         self._state_dir = state_dir
+        self._pool = PoolSizer(spares, max(spares, spares_max if spares_max is not None else spares))
+        self._preload = tuple(preload)
         self._sandboxes = Sandboxes(user) if user is not None else None
         self.cpu = cpu
         self._python = python or sys.executable
         self._host = host
         self._advertise = advertise_host or host
         self._base_env = dict(os.environ if base_env is None else base_env)
-        self._spares_wanted = spares
         self._spares: list[_Spare] = []
         self._spare_count = 0
         self._refill()
@@ -177,14 +181,28 @@ class ProcessBackend:
 
     # ---- spares ----
     def _refill(self) -> None:
-        """Starts spares until ``spares`` are alive (each spawn is a fork/exec: milliseconds)."""
+        """Brings the pool to its target: starts spares (each spawn is a fork/exec: milliseconds;
+        their imports run in the background), or ends the newest ones past it."""
         self._spares = [spare for spare in self._spares if spare.process.poll() is None]
-        while len(self._spares) < self._spares_wanted:
+        target = self._pool.target(time.monotonic())
+        while len(self._spares) > target:
+            _end_spare(self._spares.pop())
+        while len(self._spares) < target:
             try:
                 self._spares.append(self._spawn_spare())
             except OSError as exc:
                 logger.warning("cannot start a spare instance process: %s", exc)
                 return
+
+    def maintain(self) -> None:
+        """Periodic: the pool shrinks back once cold starts have been rare for a while."""
+        self._refill()
+
+    def pool_status(self) -> dict:
+        """What ``dilu status`` shows of the runtime pool."""
+        return {"spares": len([s for s in self._spares if s.process.poll() is None]),
+                "target": self._pool.target(time.monotonic()), "min": self._pool.minimum,
+                "max": self._pool.maximum, "preloaded": list(self._preload)}
 
     def _spawn_spare(self) -> _Spare:
         self._spare_count += 1
@@ -200,7 +218,8 @@ class ProcessBackend:
             with open(log_path, "ab") as log:
                 process = subprocess.Popen(
                     [self._python, "-m", "worker.instance", "--spare"],
-                    env={**self._base_env, "PYTHONUNBUFFERED": "1"}, stdin=subprocess.PIPE, stdout=log,
+                    env={**self._base_env, "PYTHONUNBUFFERED": "1", protocol.ENV_PRELOAD: ",".join(self._preload)},
+                    stdin=subprocess.PIPE, stdout=log,
                     stderr=subprocess.STDOUT, pass_fds=(listener.fileno(),), start_new_session=True,
                     preexec_fn=_child_setup(None, self._user),
                     cwd=self._sandboxes.shared if self._sandboxes else self._state_dir)
@@ -219,6 +238,7 @@ class ProcessBackend:
         while self._spares:
             spare = self._spares.pop(0)
             if spare.process.poll() is None:
+                self._pool.took(time.monotonic())
                 return spare
         return None
 
@@ -240,12 +260,10 @@ class ProcessBackend:
 
     def close(self) -> None:
         """Ends the spares (instances are stopped by the worker)."""
-        spares, self._spares, self._spares_wanted = self._spares, [], 0
+        spares, self._spares = self._spares, []
+        self._pool = PoolSizer(0, 0)
         for spare in spares:
-            if spare.process.stdin:
-                spare.process.stdin.close()
-            _signal_group(spare.process.pid, signal.SIGKILL)
-            spare.process.wait()
+            _end_spare(spare)
         if self._sandboxes is not None:
             self._sandboxes.close()
 
@@ -294,6 +312,13 @@ class ProcessBackend:
         else:
             # Whatever the instance forked must go too.
             _signal_group(process.pid, signal.SIGKILL)
+
+
+def _end_spare(spare: _Spare) -> None:
+    if spare.process.stdin:
+        spare.process.stdin.close()
+    _signal_group(spare.process.pid, signal.SIGKILL)
+    spare.process.wait()
 
 
 def _family(host: str) -> int:

@@ -11,14 +11,27 @@ import socket
 import sys
 import time
 
-from dilu.instance_protocol import InstanceEnvironment
+from dilu.instance_protocol import ENV_PRELOAD, InstanceEnvironment
 from worker.instance.server import bind_listener, preload, serve
+
+
+def _import_common(modules: str) -> None:
+    """Imports the libraries most functions use (torch, ...) while the spare waits, so an
+    instance specialised from it skips them; one that fails to import is only noted."""
+    import importlib
+
+    for name in filter(None, (m.strip() for m in modules.split(","))):
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - a missing library must not end the spare
+            print(f"dilu: spare could not preload {name}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
 
 
 def main() -> None:
     assigned_at = None
     if "--spare" in sys.argv[1:]:
         preload()
+        _import_common(os.environ.get(ENV_PRELOAD, ""))
         line = sys.stdin.readline()
         if not line:
             return  # the worker closed the pipe: this spare is not needed
