@@ -22,7 +22,7 @@ from gateway.workflow_run import NodeRun
 
 DEFAULT_EXEC_S = 0.05     # a node of a function this gateway has not served yet
 UNKNOWN_COLD_S = 2.0      # a function version never started yet
-KEEP_AFTER_S = 10.0       # the expectation outlives the node's expected end by this much
+KEEP_AFTER_S = 3.0        # the expectation outlives the node's expected end by this much
 HISTORY = 50              # recent requests per workflow that branch probabilities come from
 
 

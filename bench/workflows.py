@@ -1,0 +1,170 @@
+"""Both example workflows through the real platform under four loading policies, side by side.
+
+    python bench/workflows.py [--requests 5]
+
+Policies: `cold` (every node starts from nothing when reached: no runtime pool, nothing loaded
+ahead), `eager` (every cold node starts loading when the request arrives), `on-demand` (a node
+loads when reached, from the runtime pool), `slack` (a node loads just in time for when it is
+needed, from the runtime pool), beside `warm` (every function kept running: the latency to
+match). Before each request of the four, every function has scaled to zero (keep-alive 1 s), so
+each request meets cold nodes. The AMBER workflow's requests ask for a translation one time in
+three (its last node is a branch). Prints median and p99 end-to-end latency and the memory held
+(instance-seconds x memory) per request, and the two targets: slack within 1.3x of warm's median,
+with at most half of eager's memory-time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.platform import Platform  # noqa: E402  (reuses the harness that runs `dilu up`)
+from tests.waiting import eventually  # noqa: E402
+
+EXAMPLES = ROOT / "examples" / "workflows"
+WORKFLOWS = ("amber-alert", "fan-in")
+MiB = 2**20
+
+
+def _prepare(folder: Path, keep_alive_s: int, min_instances: int) -> Path:
+    copy = shutil.copytree(EXAMPLES, folder)
+    for spec in copy.glob("*/*/model.yaml"):
+        text = spec.read_text().replace("keep_alive_s: 120", f"keep_alive_s: {keep_alive_s}")
+        spec.write_text(text.replace("min_instances: 0", f"min_instances: {min_instances}"))
+    return copy
+
+
+def _deploy(platform: Platform, folder: Path, loading: str) -> dict[str, list[str]]:
+    functions = {}
+    for workflow in WORKFLOWS:
+        for spec in sorted((folder / workflow).glob("*/model.yaml")):
+            done = platform.cli("deploy", "--local", str(spec))
+            assert done.returncode == 0, done.stderr
+        text = (folder / workflow / "workflow.yaml").read_text() + f"loading: {loading}\n"
+        reply = platform.http.post("/v1/workflows", json={"yaml": text})
+        assert reply.status_code in (200, 201), reply.text
+        functions[workflow] = [node["function"] for node in reply.json()["spec"]["nodes"]]
+    return functions
+
+
+def _set_loading(platform: Platform, folder: Path, loading: str) -> None:
+    for workflow in WORKFLOWS:
+        text = (folder / workflow / "workflow.yaml").read_text() + f"loading: {loading}\n"
+        assert platform.http.post("/v1/workflows", json={"yaml": text}).status_code == 200
+
+
+def _memory_of(platform: Platform, function: str) -> int:
+    spec = platform.function(function)["spec"]
+    return int(spec["resources"]["memory"])
+
+
+def _memory_seconds(platform: Platform, functions: list[str], since: float, until: float) -> float:
+    """Instance-seconds x memory (in MiB-seconds) of the functions' instances within [since, until]."""
+    total = 0.0
+    for function in set(functions):
+        memory = _memory_of(platform, function) / MiB
+        for row in platform.http.get(f"/v1/functions/{function}/instances", params={"all": "true"}).json():
+            start = datetime.fromisoformat(row["created_at"]).timestamp()
+            end = datetime.fromisoformat(row["ended_at"]).timestamp() if row["ended_at"] else until
+            total += max(0.0, min(end, until) - max(start, since)) * memory
+    return total
+
+
+def _request(workflow: str, number: int) -> dict:
+    body = json.loads((EXAMPLES / workflow / "request.json").read_text())
+    if workflow == "amber-alert":
+        body["language"] = "es" if number % 3 == 0 else "en"
+    return body
+
+
+def _all_cold(platform: Platform, functions: list[str]) -> None:
+    eventually(lambda: all(not platform.instances(f) for f in set(functions)), timeout=120,
+               what="every function to scale to zero")
+
+
+def _run(platform: Platform, functions: dict[str, list[str]], requests: int, cold: bool) -> dict:
+    results = {}
+    for workflow in WORKFLOWS:
+        latencies, memory = [], 0.0
+        for number in range(requests):
+            if cold:
+                _all_cold(platform, functions[workflow])
+            started = time.time()
+            reply = platform.http.post(f"/v1/workflows/{workflow}/invoke", json=_request(workflow, number))
+            latencies.append(time.time() - started)
+            assert reply.status_code == 200, reply.text
+            if cold:   # until every instance it started has gone: all the memory the request held
+                _all_cold(platform, functions[workflow])
+                memory += _memory_seconds(platform, functions[workflow], started, time.time())
+            else:
+                memory += _memory_seconds(platform, functions[workflow], started, time.time())
+        ordered = sorted(latencies)
+        results[workflow] = {"median_s": statistics.median(ordered),
+                             "p99_s": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
+                             "memory_mib_s": memory / requests}
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--requests", type=int, default=5)
+    args = parser.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="dilu-bench-workflows-"))
+    # Fixed keep-alive (the histogram would learn the bench's rhythm and pre-warm on its own).
+    common = {"DILU_PROFILING": "false", "DILU_KEEPALIVE_MIN_SAMPLES": "1000", "DILU_LOCAL_ROOTS": str(base),
+              "DILU_SPARE_PRELOAD": "torch"}
+    table: dict[str, dict] = {}
+
+    warm_folder = _prepare(base / "warm", keep_alive_s=600, min_instances=1)
+    platform = Platform(base / "warm-home", env=common)
+    try:
+        functions = _deploy(platform, warm_folder, "on-demand")
+        _run(platform, functions, 1, cold=False)                       # first requests warm the paths
+        table["warm"] = _run(platform, functions, args.requests, cold=False)
+    finally:
+        platform.close()
+
+    folder = _prepare(base / "cold", keep_alive_s=1, min_instances=0)
+    platform = Platform(base / "no-pool-home", env={**common, "DILU_SPARE_PROCESSES": "0", "DILU_SPARE_MAX": "0"})
+    try:
+        functions = _deploy(platform, folder, "on-demand")
+        _run(platform, functions, 1, cold=True)                        # measures every loading stage once
+        table["cold"] = _run(platform, functions, args.requests, cold=True)
+    finally:
+        platform.close()
+
+    platform = Platform(base / "pool-home", env=common)
+    try:
+        functions = _deploy(platform, folder, "on-demand")
+        _run(platform, functions, 1, cold=True)
+        for policy in ("eager", "on-demand", "slack"):
+            _set_loading(platform, folder, policy)
+            table[policy] = _run(platform, functions, args.requests, cold=True)
+    finally:
+        platform.close()
+
+    print(f"{args.requests} requests per workflow and policy; latency end to end, memory per request")
+    print(f"{'policy':<11}" + "".join(f"{w + ' median':>20}{'p99':>9}{'MiB-s':>10}" for w in WORKFLOWS))
+    for policy in ("warm", "cold", "eager", "on-demand", "slack"):
+        row = table[policy]
+        print(f"{policy:<11}" + "".join(f"{row[w]['median_s'] * 1000:>18.0f}ms{row[w]['p99_s'] * 1000:>7.0f}ms"
+                                        f"{row[w]['memory_mib_s']:>10.0f}" for w in WORKFLOWS))
+    for workflow in WORKFLOWS:
+        latency = table["slack"][workflow]["median_s"] / table["warm"][workflow]["median_s"]
+        memory = table["slack"][workflow]["memory_mib_s"] / table["eager"][workflow]["memory_mib_s"]
+        print(f"{workflow}: slack median {latency:.2f}x warm (target <= 1.3x: {'met' if latency <= 1.3 else 'NOT met'}); "
+              f"slack memory {memory:.2f}x eager (target <= 0.5x: {'met' if memory <= 0.5 else 'NOT met'})")
+
+
+if __name__ == "__main__":
+    main()
