@@ -249,6 +249,7 @@ class WorkerAgent:
     async def check_instances(self) -> None:
         """One pass over every instance: exits, readiness, start-up timeouts."""
         now = time.monotonic()
+        starting: list[_Instance] = []
         for record in list(self._instances.values()):
             if record.state in (STOPPED, FAILED):
                 if record.ended_at is not None and now - record.ended_at > ENDED_RETENTION_S:
@@ -265,7 +266,10 @@ class WorkerAgent:
                             record.request.function, record.error)
                 await self._changed(record)
             elif record.state == STARTING:
-                await self._probe_startup(record, now)
+                starting.append(record)
+        # All at once: each probe may wait up to the client's timeout for a server still coming
+        # up, and probing one after another would hold the heartbeat back for all of them.
+        await asyncio.gather(*(self._probe_startup(record, now) for record in starting))
 
     async def _probe_startup(self, record: _Instance, now: float) -> None:
         try:

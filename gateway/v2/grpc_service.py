@@ -11,12 +11,17 @@ memory, statistics, tracing, streaming) answer UNIMPLEMENTED. Keys travel as the
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from typing import Any
 
-import grpc
-import numpy as np
-from tritonclient.grpc import service_pb2, service_pb2_grpc
+# The gateway may share its process with a worker that forks instance processes; gRPC's fork
+# handlers are not needed there (children never use gRPC) and warn on every fork.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+import grpc  # noqa: E402
+import numpy as np  # noqa: E402
+from tritonclient.grpc import service_pb2, service_pb2_grpc  # noqa: E402
 
 from dilu.keys import Need
 from gateway.services import GatewayServices
