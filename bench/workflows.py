@@ -38,7 +38,7 @@ MiB = 2**20
 
 def _prepare(folder: Path, keep_alive_s: int, min_instances: int) -> Path:
     copy = shutil.copytree(EXAMPLES, folder)
-    for spec in copy.glob("*/*/model.yaml"):
+    for spec in copy.glob("*/*/*.yaml"):     # every function's spec (the workflows are one level up)
         text = spec.read_text().replace("keep_alive_s: 120", f"keep_alive_s: {keep_alive_s}")
         spec.write_text(text.replace("min_instances: 0", f"min_instances: {min_instances}"))
     return copy
@@ -47,7 +47,7 @@ def _prepare(folder: Path, keep_alive_s: int, min_instances: int) -> Path:
 def _deploy(platform: Platform, folder: Path, loading: str) -> dict[str, list[str]]:
     functions = {}
     for workflow in WORKFLOWS:
-        for spec in sorted((folder / workflow).glob("*/model.yaml")):
+        for spec in sorted((folder / workflow).glob("*/*.yaml")):
             done = platform.cli("deploy", "--local", str(spec))
             assert done.returncode == 0, done.stderr
         text = (folder / workflow / "workflow.yaml").read_text() + f"loading: {loading}\n"

@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from dilu.cli.client import CliError, GatewayClient
+from dilu.cli.common import client, err, fail, json_input, out
 from dilu.cli.simulate import simulate
 from dilu.cli.workflow import workflow_app
 from dilu.config import AllInOneSettings, CliSettings, ControllerSettings, GatewaySettings, WorkerSettings
@@ -27,18 +27,7 @@ keys_app = typer.Typer(help="API keys (the first one turns authentication on).",
 app.add_typer(keys_app, name="keys")
 app.command("simulate")(simulate)
 app.add_typer(workflow_app, name="workflow")
-out = Console()
-err = Console(stderr=True)
-
-
-def _client(timeout: float = 30.0) -> GatewayClient:
-    settings = CliSettings()
-    return GatewayClient(settings.url, timeout=timeout, api_key=settings.api_key)
-
-
-def _fail(message: str) -> None:
-    err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(1)
+_client, _fail = client, fail
 
 
 def _run(coroutine) -> None:  # noqa: ANN001
@@ -329,15 +318,7 @@ def invoke(
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the answer")] = 300.0,
 ) -> None:
     """Invoke a function with one JSON input and print its JSON result."""
-    if data.startswith("@"):
-        try:
-            data = Path(data[1:]).read_text(encoding="utf-8")
-        except OSError as exc:
-            _fail(f"cannot read {data[1:]}: {exc.strerror or exc}")
-    try:
-        json.loads(data)
-    except ValueError as exc:
-        _fail(f"--data is not valid JSON: {exc}")
+    data = json_input(data)
     try:
         response = _client(timeout).request("POST", f"/v1/functions/{name}/invoke", content=data.encode(),
                                             headers={"content-type": "application/json"})

@@ -6,12 +6,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-err = Console(stderr=True)
-out = Console()
+from dilu.cli.common import err, out
+
 
 
 def simulate(

@@ -8,25 +8,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from dilu.cli.client import CliError, GatewayClient
-from dilu.config import CliSettings
+from dilu.cli.client import CliError
+from dilu.cli.common import client as _client
+from dilu.cli.common import err, json_input, out
+from dilu.cli.common import fail as _fail
 
 workflow_app = typer.Typer(help="Workflows: DAGs of deployed functions.", no_args_is_help=True)
-out = Console()
-err = Console(stderr=True)
-
-
-def _client(timeout: float = 30.0) -> GatewayClient:
-    settings = CliSettings()
-    return GatewayClient(settings.url, timeout=timeout, api_key=settings.api_key)
-
-
-def _fail(message: str) -> None:
-    err.print(f"[red]error[/red]: {message}", highlight=False)
-    raise typer.Exit(1)
 
 
 @workflow_app.command("deploy")
@@ -87,15 +76,7 @@ def invoke(
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the answer")] = 300.0,
 ) -> None:
     """Run a workflow on one JSON input and print its output."""
-    if data.startswith("@"):
-        try:
-            data = Path(data[1:]).read_text(encoding="utf-8")
-        except OSError as exc:
-            _fail(f"cannot read {data[1:]}: {exc.strerror or exc}")
-    try:
-        json.loads(data)
-    except ValueError as exc:
-        _fail(f"--data is not valid JSON: {exc}")
+    data = json_input(data)
     try:
         result = _client(timeout).json("POST", f"/v1/workflows/{name}/invoke", content=data,
                                        params={"timings": "true"} if timings else None,

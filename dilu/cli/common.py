@@ -1,0 +1,40 @@
+"""What every CLI command shares: the consoles, the gateway client, failing with a message, and
+reading a JSON input given as text or @file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from dilu.cli.client import GatewayClient
+from dilu.config import CliSettings
+
+out = Console()
+err = Console(stderr=True)
+
+
+def client(timeout: float = 30.0) -> GatewayClient:
+    settings = CliSettings()
+    return GatewayClient(settings.url, timeout=timeout, api_key=settings.api_key)
+
+
+def fail(message: str) -> None:
+    err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(1)
+
+
+def json_input(data: str) -> str:
+    """``--data``: JSON text, or ``@file`` to read it from; fails with a message if it is not JSON."""
+    if data.startswith("@"):
+        try:
+            data = Path(data[1:]).read_text(encoding="utf-8")
+        except OSError as exc:
+            fail(f"cannot read {data[1:]}: {exc.strerror or exc}")
+    try:
+        json.loads(data)
+    except ValueError as exc:
+        fail(f"--data is not valid JSON: {exc}")
+    return data
