@@ -105,9 +105,7 @@ def _run(platform: Platform, functions: dict[str, list[str]], requests: int, col
             assert reply.status_code == 200, reply.text
             if cold:   # until every instance it started has gone: all the memory the request held
                 _all_cold(platform, functions[workflow])
-                memory += _memory_seconds(platform, functions[workflow], started, time.time())
-            else:
-                memory += _memory_seconds(platform, functions[workflow], started, time.time())
+            memory += _memory_seconds(platform, functions[workflow], started, time.time())
         ordered = sorted(latencies)
         results[workflow] = {"median_s": statistics.median(ordered),
                              "p99_s": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
@@ -125,23 +123,18 @@ def main() -> None:
               "DILU_SPARE_PRELOAD": "torch"}
     table: dict[str, dict] = {}
 
-    warm_folder = _prepare(base / "warm", keep_alive_s=600, min_instances=1)
-    platform = Platform(base / "warm-home", env=common)
-    try:
-        functions = _deploy(platform, warm_folder, "on-demand")
-        _run(platform, functions, 1, cold=False)                       # first requests warm the paths
-        table["warm"] = _run(platform, functions, args.requests, cold=False)
-    finally:
-        platform.close()
+    def measure(home: str, folder: Path, env: dict, cold: bool) -> dict:
+        platform = Platform(base / home, env={**common, **env})
+        try:
+            functions = _deploy(platform, folder, "on-demand")
+            _run(platform, functions, 1, cold=cold)    # warms the paths, or measures every loading stage once
+            return _run(platform, functions, args.requests, cold=cold)
+        finally:
+            platform.close()
 
+    table["warm"] = measure("warm-home", _prepare(base / "warm", keep_alive_s=600, min_instances=1), {}, cold=False)
     folder = _prepare(base / "cold", keep_alive_s=1, min_instances=0)
-    platform = Platform(base / "no-pool-home", env={**common, "DILU_SPARE_PROCESSES": "0", "DILU_SPARE_MAX": "0"})
-    try:
-        functions = _deploy(platform, folder, "on-demand")
-        _run(platform, functions, 1, cold=True)                        # measures every loading stage once
-        table["cold"] = _run(platform, functions, args.requests, cold=True)
-    finally:
-        platform.close()
+    table["cold"] = measure("no-pool-home", folder, {"DILU_SPARE_PROCESSES": "0", "DILU_SPARE_MAX": "0"}, cold=True)
 
     platform = Platform(base / "pool-home", env=common)
     try:

@@ -93,6 +93,21 @@ async def handle_invoke(services: GatewayServices, name: str, next_chunk: BodyCh
     return outcome
 
 
+async def invoke_body(services: GatewayServices, name: str, body: bytes, max_bytes: int | None = None) -> Outcome:
+    """One invocation of a body already in memory (what the inference protocol and workflows
+    hand over)."""
+    sent = False
+
+    async def next_chunk() -> tuple[bytes, bool]:
+        nonlocal sent
+        if sent:
+            return b"", False
+        sent = True
+        return body, False
+
+    return await handle_invoke(services, name, next_chunk, None, max_bytes)
+
+
 async def _invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
                   content_length: str | None, max_bytes: int | None) -> Outcome:
     settings = services.settings

@@ -19,7 +19,7 @@ from gateway.deps import ServicesDep
 from gateway.docs import AUTH_ERRORS, SECURED, ErrorBody, errors
 from gateway.errors import error_response
 from gateway.limits import BodyTooLarge, read_capped
-from gateway.routes.invoke import handle_invoke
+from gateway.routes.invoke import invoke_body
 from gateway.workflow_loading import schedule_loads
 from gateway.workflow_run import WorkflowFailed, run_workflow
 
@@ -139,15 +139,7 @@ async def invoke_workflow(name: str, request: Request, services: ServicesDep,
         return error_response(400, f"request body is not valid JSON: {exc}")
 
     async def call(function: str, node_body: bytes) -> tuple[int, bytes]:
-        sent = [False]
-
-        async def next_chunk() -> tuple[bytes, bool]:
-            if sent[0]:
-                return b"", False
-            sent[0] = True
-            return node_body, False
-
-        outcome = await handle_invoke(services, function, next_chunk, None, max_bytes=max(limit, len(node_body)))
+        outcome = await invoke_body(services, function, node_body, max_bytes=max(limit, len(node_body)))
         return outcome.status, outcome.body
 
     spec = workflow_from_dict(row.spec)

@@ -17,7 +17,7 @@ import numpy as np
 
 from dilu.messages import FunctionStatus
 from dilu.spec import SpecModel, TensorSpec
-from gateway.routes.invoke import handle_invoke
+from gateway.routes.invoke import invoke_body
 from gateway.services import FunctionEntry, GatewayServices
 from gateway.v2.tensors import TensorError, from_handler, to_handler
 
@@ -124,16 +124,8 @@ async def infer(services: GatewayServices, model: Model, request: Inference) -> 
     except TensorError as exc:
         raise ProtocolError(400, str(exc)) from None
     body = json.dumps(payload, allow_nan=False).encode()
-    sent = [False]
-
-    async def next_chunk() -> tuple[bytes, bool]:
-        if sent[0]:
-            return b"", False
-        sent[0] = True
-        return body, False
-
     # The body was bounded on the wire; its JSON form may be larger (numbers as text).
-    outcome = await handle_invoke(services, model.name, next_chunk, None, max_bytes=len(body))
+    outcome = await invoke_body(services, model.name, body, max_bytes=len(body))
     if outcome.status != 200:
         raise ProtocolError(outcome.status, _error_message(outcome.body))
     try:
