@@ -53,6 +53,7 @@ class InstanceConfig:
     options: dict[str, Any]
     max_batch_size: int
     max_wait_ms: float
+    warmup: dict[str, Any] | None = None   # the spec's warm-up (request or file, count)
 
     @classmethod
     def from_file(cls, path: str) -> "InstanceConfig":

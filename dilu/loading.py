@@ -2,29 +2,36 @@
 
 From the worker's start call to ready: ``spawn`` (the process or container comes up), ``runtime``
 (interpreter and the instance server's imports, or taking over a pre-started process), ``imports``
-(the handler's module, with its libraries: torch and the like), ``load`` (the handler's
-``load()``: weights, and on a GPU the device's initialisation, which happens there), ``ready``
-(the server's last steps). Each estimate is an exponentially weighted mean of the starts seen.
+(the handler's module, with its libraries: torch and the like), ``device`` (on a GPU, creating
+the CUDA context), ``load`` (the handler's ``load()``: weights), ``warmup`` (the spec's warm-up
+requests: the first calls' allocations and lazy initialisation), ``ready`` (the server's last
+steps). Stages an instance did not go through (no GPU, no warm-up) are left out. Each estimate is
+an exponentially weighted mean of the starts seen.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-STAGES = ("spawn", "runtime", "imports", "load", "ready")
+STAGES = ("spawn", "runtime", "imports", "device", "load", "warmup", "ready")
 # stage -> (mark it starts at, mark it ends at); "requested" is the worker's start call.
 _BOUNDS = {"spawn": ("requested", "process_start"), "runtime": ("process_start", "serving"),
-           "imports": ("serving", "handler_imported"), "load": ("handler_imported", "loaded"),
-           "ready": ("loaded", "ready")}
+           "imports": ("serving", "handler_imported"), "device": ("handler_imported", "device_ready"),
+           "load": ("device_ready", "loaded"), "warmup": ("loaded", "warmed"), "ready": ("warmed", "ready")}
+# Marks of optional stages: when absent, the stage was skipped and its end is its start.
+_OPTIONAL = {"device_ready": "handler_imported", "warmed": "loaded"}
 WEIGHT = 0.3   # of the newest start in the running mean
 
 
 def stages_from_marks(requested_at: float, marks: dict[str, float]) -> dict[str, float]:
     """Seconds per stage from the instance's start-up marks (wall-clock times); stages whose
-    marks are missing are left out, negative spans (clock steps) count as 0."""
+    marks are missing (skipped, or not reported) are left out, negative spans (clock steps) count
+    as 0."""
     times = {"requested": requested_at, **{k: float(v) for k, v in marks.items() if isinstance(v, (int, float))}}
+    skipped = {mark for mark, instead in _OPTIONAL.items() if mark not in times and instead in times}
+    times.update({mark: times[_OPTIONAL[mark]] for mark in skipped})
     return {stage: round(max(0.0, times[end] - times[start]), 4)
-            for stage, (start, end) in _BOUNDS.items() if start in times and end in times}
+            for stage, (start, end) in _BOUNDS.items() if start in times and end in times and end not in skipped}
 
 
 def update_estimates(current: dict[str, Any] | None, sample: dict[str, float]) -> dict[str, Any]:

@@ -115,3 +115,6 @@ class FunctionActivity:
     last_request_at: float | None = None
     requests: dict[int, int] = field(default_factory=dict)  # unix second -> count
     expected_until: float | None = None   # a workflow will need it until then (unix time): keep or load it
+    release_idle_until: float | None = None   # until then it may be unloaded once idle (its loading hides in a
+                                              # workflow's slack)
+    direct_at: float | None = None        # the latest request that did not come from a workflow

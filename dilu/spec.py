@@ -86,6 +86,30 @@ class Batching(_Strict):
     max_wait_ms: float = Field(0.0, ge=0, le=10_000)
 
 
+class Warmup(_Strict):
+    """Requests an instance answers before it is ready (as Triton's model warm-up): the first
+    calls of a model are slow (allocations, lazy initialisation, kernel selection), and a warm-up
+    moves that cost out of the first user's request into the measured loading stages."""
+
+    request: Any = Field(None, description="One request body (JSON), as a client would send it")
+    file: str | None = Field(None, max_length=255, pattern=r"^[A-Za-z0-9_./-]+$",
+                             description="A JSON file in the function's code holding the request body")
+    count: int = Field(1, ge=1, le=100, description="How many times the request is run")
+
+    @field_validator("file")
+    @classmethod
+    def _inside_code(cls, value: str | None) -> str | None:
+        if value is not None and (value.startswith("/") or ".." in value.split("/")):
+            raise ValueError("the warm-up file is a path inside the function's code (relative, no '..')")
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "Warmup":
+        if (self.request is None) == (self.file is None):
+            raise ValueError("give the warm-up request either inline (request) or as a file of the code (file)")
+        return self
+
+
 DATATYPES = ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
              "FP16", "FP32", "FP64", "BYTES")
 TENSOR_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$"
@@ -142,6 +166,8 @@ class SpecModel(_Strict):
     outputs: list[TensorSpec] = Field(
         default_factory=list, max_length=64,
         description="Declared output tensors: the handler returns {output name: nested list or scalar}")
+    warmup: Warmup | None = Field(None, description="A request each instance runs before it is ready "
+                                                    "(its time is the loading stage 'warmup')")
 
     @model_validator(mode="after")
     def _tensors(self) -> "SpecModel":

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -18,11 +19,12 @@ from sqlalchemy.orm import Session, sessionmaker
 from dilu.config import GatewaySettings
 from dilu.db import repo
 from dilu.default_impl import create_scheduler
+from dilu.policy.node_keepalive import DIRECT_QUIET_S
 from dilu.messages import READY, Endpoint, FunctionStatus, InstanceRole
 from dilu.state.base import Channel, StateStore, follow
 from gateway.auth import Authenticator
 from gateway.dashboard.view import LatencyWindow, ShareHistory, sample
-from gateway.workflow_loading import BranchStats
+from gateway.workflow_loading import WorkflowHistory
 from gateway.forward import Forwarder
 from gateway.routing import RoutingTable
 from dilu.worker_client import WorkerDirectory
@@ -84,14 +86,25 @@ class ActivityRecorder:
         self._counts: dict[str, dict[int, int]] = {}
         self._last_request: dict[str, float] = {}
         self._expected: dict[str, float] = {}
+        self._release: dict[str, float] = {}
+        self._last_direct: dict[str, float] = {}
 
     def expect(self, function: str, until: float) -> None:
         """A workflow will need ``function`` until ``until`` (unix time): the controller starts an
         instance if none runs, and keeps it meanwhile."""
         self._expected[function] = max(until, self._expected.get(function, 0.0))
 
-    def started(self, function: str) -> None:
+    def release_when_idle(self, function: str, until: float) -> None:
+        """Until ``until``, ``function`` may be unloaded as soon as it is idle: its loading hides in
+        a workflow's slack. Ignored while it also serves direct requests."""
+        if time.time() - self._last_direct.get(function, -math.inf) > DIRECT_QUIET_S:
+            self._release[function] = max(until, self._release.get(function, 0.0))
+
+    def started(self, function: str, direct: bool = True) -> None:
         now = time.time()
+        if direct:
+            self._last_direct[function] = now
+            self._release.pop(function, None)
         per_second = self._counts.setdefault(function, {})
         second = int(now)
         per_second[second] = per_second.get(second, 0) + 1
@@ -102,9 +115,11 @@ class ActivityRecorder:
         counts, self._counts = self._counts, {}
         now = time.time()
         self._expected = {name: until for name, until in self._expected.items() if until > now}
+        self._release = {name: until for name, until in self._release.items() if until > now}
         snapshot = {
             name: {"in_flight": self._routing.in_flight(name), "queued": self._routing.queued(name),
-                   "last_request_at": self._last_request.get(name), "expected_until": self._expected.get(name)}
+                   "last_request_at": self._last_request.get(name), "expected_until": self._expected.get(name),
+                   "release_idle_until": self._release.get(name), "direct_at": self._last_direct.get(name)}
             for name in set(functions) | set(self._last_request) | set(self._expected)
         }
         return snapshot, counts
@@ -126,7 +141,7 @@ class GatewayServices:
         self.scheduler = create_scheduler(settings.scheduler)  # admits resizes as placements are admitted
         self.auth = Authenticator(sessions, settings.admin_key)
         self.latency = LatencyWindow()     # the dashboard's p99 (and workflows' expected times) of what it served
-        self.branches = BranchStats()      # how often each workflow node ran lately
+        self.workflows = WorkflowHistory()   # each workflow's recent arrivals, and how often its nodes ran
         self._background: set[asyncio.Task] = set()
         self.shares = ShareHistory()       # the dashboard's granted/used shares over time
         self._tasks: list[asyncio.Task] = []

@@ -16,21 +16,30 @@ import time
 from collections import deque
 from typing import Any
 
+from dilu.policy import node_keepalive
 from dilu.policy.slack import NodeEstimate, plan
 from dilu.workflow import WorkflowSpec
 from gateway.workflow_run import NodeRun
 
 DEFAULT_EXEC_S = 0.05     # a node of a function this gateway has not served yet
 UNKNOWN_COLD_S = 2.0      # a function version never started yet
-KEEP_AFTER_S = 3.0        # the expectation outlives the node's expected end by this much
-HISTORY = 50              # recent requests per workflow that branch probabilities come from
+KEEP_AFTER_S = 0.5        # the expectation outlives the node's expected end by this much
+HISTORY = 50              # recent requests per workflow that branch probabilities and gaps come from
 
 
-class BranchStats:
-    """How often each node of a workflow ran in its recent requests."""
+class WorkflowHistory:
+    """When each workflow's recent requests arrived, and how often each of its nodes ran."""
 
     def __init__(self) -> None:
         self._ran: dict[tuple[str, str], deque[bool]] = {}
+        self._arrivals: dict[str, deque[float]] = {}
+
+    def arrived(self, workflow: str, at: float) -> None:
+        self._arrivals.setdefault(workflow, deque(maxlen=HISTORY + 1)).append(at)
+
+    def gaps(self, workflow: str) -> list[float]:
+        times = list(self._arrivals.get(workflow, ()))
+        return [b - a for a, b in zip(times, times[1:])]
 
     def record(self, workflow: str, runs: dict[str, NodeRun]) -> None:
         for node, run in runs.items():
@@ -58,8 +67,9 @@ def estimates(services: Any, spec: WorkflowSpec, now: float) -> dict[str, NodeEs
 def schedule_loads(services: Any, name: str, spec: WorkflowSpec) -> list[asyncio.TimerHandle]:
     """Arranges the loads the plan asks for; the caller cancels what is left when the request ends."""
     now = time.time()
+    services.workflows.arrived(name, now)
     timeline = plan(spec, estimates(services, spec, now), policy=spec.loading,
-                    branch_probability=services.branches.probability(name, spec))
+                    branch_probability=services.workflows.probability(name, spec))
     loop = asyncio.get_running_loop()
     handles = []
     for node_name, planned in timeline.items():
@@ -73,3 +83,26 @@ def schedule_loads(services: Any, name: str, spec: WorkflowSpec) -> list[asyncio
 
         handles.append(loop.call_later(planned.load_at_s, load))
     return handles
+
+
+def keep_nodes(services: Any, name: str, spec: WorkflowSpec) -> dict[str, node_keepalive.NodeKeep]:
+    """After a request of a workflow loading in the slack: holds the nodes whose cold start would
+    show and are worth their memory, marks those whose loading hides as releasable once idle."""
+    if spec.loading != "slack":
+        return {}
+    now = time.time()
+    memory = {}
+    for node in spec.nodes:
+        entry = services.functions.get(node.function)
+        memory[node.name] = int((entry.spec.get("resources") or {}).get("memory") or 0) if entry else 0
+    verdicts = node_keepalive.decide(spec, estimates(services, spec, now), memory, services.workflows.gaps(name),
+                                     services.workflows.probability(name, spec))
+    window = node_keepalive.window_s(services.workflows.gaps(name)) or 0.0
+    for node in spec.nodes:
+        verdict = verdicts[node.name]
+        if verdict.verdict == "hold":
+            services.activity.expect(node.function, now + verdict.hold_s)
+        elif verdict.verdict == "release" and all(verdicts[n.name].verdict == "release"
+                                                  for n in spec.nodes if n.function == node.function):
+            services.activity.release_when_idle(node.function, now + max(window, KEEP_AFTER_S))
+    return verdicts

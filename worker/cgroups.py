@@ -16,6 +16,7 @@ log = logging.getLogger(__name__)
 PERIOD_US = 100_000
 ROOTS_V2 = (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"))
 ROOT_V1 = Path("/sys/fs/cgroup/cpu")
+BACKGROUND = "background"       # the group of work done ahead of need (never an instance id: those have a dash)
 
 
 def cfs_quota(share: float | None, cores: int) -> int | None:
@@ -68,6 +69,22 @@ class CpuLimiter:
         """Where a process writes its pid to join the instance's group."""
         path = self.group(instance_id)
         return str(path / "cgroup.procs") if path else None
+
+    def background_procs_file(self) -> str | None:
+        """A group that gets the CPU only when nothing else wants it (the lowest weight), for
+        work done ahead of need (the runtime pool's imports): it must never slow down serving.
+        None when unavailable."""
+        path = self.group(BACKGROUND)
+        if path is None:
+            return None
+        try:
+            if self.version == 2:
+                (path / "cpu.weight").write_text("1")
+            else:
+                (path / "cpu.shares").write_text("2")
+        except OSError as exc:
+            log.warning("cannot lower the CPU weight of %s: %s", path, exc)
+        return str(path / "cgroup.procs")
 
     def set_share(self, instance_id: str, share: float | None) -> bool:
         """Limits the group to ``share`` of the host's cores (None or >= 1: unlimited)."""

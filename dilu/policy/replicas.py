@@ -29,6 +29,7 @@ class ReplicaContext:
     keep: Verdict = Verdict.HOLD          # keep-alive's verdict for an idle function
     keep_reason: str = "within keep-alive"
     expected: bool = False                # a workflow request will need it soon (loading in the slack)
+    release_idle: bool = False            # only workflows use it, and its loading hides in their slack
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,8 @@ def desired_instances(ctx: ReplicaContext) -> ReplicaDecision:
         if ctx.current == 0:
             return ReplicaDecision(_clamp(ctx, max(ctx.min_instances, 1)), "pre-load: a workflow request needs it soon")
         return ReplicaDecision(_clamp(ctx, max(ctx.current, ctx.min_instances)), "kept: a workflow request needs it soon")
+    if ctx.release_idle and ctx.current > ctx.min_instances:
+        return ReplicaDecision(ctx.min_instances, "workflow node idle: its loading hides in the slack")
     if ctx.keep == Verdict.UNLOAD:
         if ctx.current > ctx.min_instances:
             return ReplicaDecision(ctx.min_instances, ctx.keep_reason)

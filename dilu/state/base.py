@@ -86,9 +86,10 @@ def merge_activity(snapshots: list[dict[str, dict[str, Any]]],
             last = item.get("last_request_at")
             if last is not None and (into["last_request_at"] is None or last > into["last_request_at"]):
                 into["last_request_at"] = last
-            expected = item.get("expected_until")
-            if expected is not None and (into.get("expected_until") is None or expected > into["expected_until"]):
-                into["expected_until"] = float(expected)
+            for latest in ("expected_until", "release_idle_until", "direct_at"):   # the latest of the gateways'
+                value = item.get(latest)
+                if value is not None and (into.get(latest) is None or value > into[latest]):
+                    into[latest] = float(value)
     names = set(merged) | set(counts)
     return {
         name: FunctionActivity(
@@ -97,6 +98,8 @@ def merge_activity(snapshots: list[dict[str, dict[str, Any]]],
             last_request_at=merged.get(name, {}).get("last_request_at"),
             requests=dict(counts.get(name, {})),
             expected_until=merged.get(name, {}).get("expected_until"),
+            release_idle_until=merged.get(name, {}).get("release_idle_until"),
+            direct_at=merged.get(name, {}).get("direct_at"),
         )
         for name in names
     }

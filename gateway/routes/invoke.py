@@ -81,11 +81,13 @@ _METRICS = _MetricsCache()
 
 
 async def handle_invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
-                        content_length: str | None, max_bytes: int | None = None) -> Outcome:
+                        content_length: str | None, max_bytes: int | None = None,
+                        from_workflow: bool = False) -> Outcome:
     """One invocation, start to end. ``max_bytes``: the body's limit when not the setting's (the
-    inference protocol bounds its own wire format and hands over the JSON it made)."""
+    inference protocol bounds its own wire format and hands over the JSON it made).
+    ``from_workflow``: a workflow's node (not a direct request, which keeps the function loaded)."""
     started = time.perf_counter()
-    outcome = await _invoke(services, name, next_chunk, content_length, max_bytes)
+    outcome = await _invoke(services, name, next_chunk, content_length, max_bytes, from_workflow)
     elapsed = time.perf_counter() - started
     _METRICS.observe(name, outcome.status, elapsed)
     if outcome.status < 400:
@@ -93,7 +95,8 @@ async def handle_invoke(services: GatewayServices, name: str, next_chunk: BodyCh
     return outcome
 
 
-async def invoke_body(services: GatewayServices, name: str, body: bytes, max_bytes: int | None = None) -> Outcome:
+async def invoke_body(services: GatewayServices, name: str, body: bytes, max_bytes: int | None = None,
+                      from_workflow: bool = False) -> Outcome:
     """One invocation of a body already in memory (what the inference protocol and workflows
     hand over)."""
     sent = False
@@ -105,11 +108,11 @@ async def invoke_body(services: GatewayServices, name: str, body: bytes, max_byt
         sent = True
         return body, False
 
-    return await handle_invoke(services, name, next_chunk, None, max_bytes)
+    return await handle_invoke(services, name, next_chunk, None, max_bytes, from_workflow)
 
 
 async def _invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
-                  content_length: str | None, max_bytes: int | None) -> Outcome:
+                  content_length: str | None, max_bytes: int | None, from_workflow: bool) -> Outcome:
     settings = services.settings
     limit = settings.max_request_bytes if max_bytes is None else max_bytes
     function = services.functions.get(name)
@@ -130,7 +133,7 @@ async def _invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
     except (ValueError, RecursionError) as exc:
         return _error(400, f"request body is not valid JSON: {exc}")
 
-    services.activity.started(name)
+    services.activity.started(name, direct=not from_workflow)
     routing = services.routing
     tried: frozenset[str] = frozenset()
     retried = False

@@ -20,7 +20,7 @@ from gateway.docs import AUTH_ERRORS, SECURED, ErrorBody, errors
 from gateway.errors import error_response
 from gateway.limits import BodyTooLarge, read_capped
 from gateway.routes.invoke import invoke_body
-from gateway.workflow_loading import schedule_loads
+from gateway.workflow_loading import keep_nodes, schedule_loads
 from gateway.workflow_run import WorkflowFailed, run_workflow
 
 router = APIRouter(prefix="/v1/workflows", tags=["workflows"], dependencies=SECURED, responses=AUTH_ERRORS)
@@ -139,7 +139,8 @@ async def invoke_workflow(name: str, request: Request, services: ServicesDep,
         return error_response(400, f"request body is not valid JSON: {exc}")
 
     async def call(function: str, node_body: bytes) -> tuple[int, bytes]:
-        outcome = await invoke_body(services, function, node_body, max_bytes=max(limit, len(node_body)))
+        outcome = await invoke_body(services, function, node_body, max_bytes=max(limit, len(node_body)),
+                                    from_workflow=True)
         return outcome.status, outcome.body
 
     spec = workflow_from_dict(row.spec)
@@ -147,9 +148,9 @@ async def invoke_workflow(name: str, request: Request, services: ServicesDep,
     loads = schedule_loads(services, name, spec)
     try:
         output, runs = await run_workflow(spec, payload, call)
-        services.branches.record(name, runs)
+        services.workflows.record(name, runs)
     except WorkflowFailed as failure:
-        services.branches.record(name, failure.runs)
+        services.workflows.record(name, failure.runs)
         for handle in loads:
             handle.cancel()
         content: dict[str, Any] = {"error": failure.message, "node": failure.node}
@@ -158,6 +159,7 @@ async def invoke_workflow(name: str, request: Request, services: ServicesDep,
         return JSONResponse(content, status_code=failure.status)
     for handle in loads:
         handle.cancel()
+    keep_nodes(services, name, spec)
     if timings:
         output = {"output": output, "nodes": {n: r.to_dict() for n, r in runs.items()},
                   "total_ms": round((time.perf_counter() - started) * 1000, 3)}

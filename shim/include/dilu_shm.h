@@ -2,10 +2,16 @@
  * The shared-memory layout between a GPU's token manager and the shims of its instances.
  *
  * The manager creates one region per GPU (a memfd handed to each shim over the registration
- * socket with SCM_RIGHTS). Every field has exactly one writer, so neither side needs a lock:
+ * socket with SCM_RIGHTS). A slot is an instance: every process of it (forked children, spawned
+ * workers) registers with the instance's id and shares the slot, so they draw from one budget
+ * and one memory counter. Each process also has a process entry with its own memory, which the
+ * manager returns to the instance when the process exits.
+ * Every field has one kind of writer, so neither side needs a lock:
  *   header.heartbeat_ns, header.refill_gen, slot.granted, .granted_at_ns, .rate_per_s, .pid,
- *   .gen: the manager;
- *   slot.consumed, slot.launches, slot.blocked_ns, slot.mem_used: the shim (atomic adds).
+ *   .gen, .mem_returned, .processes, proc.pid, proc.slot: the manager;
+ *   slot.consumed, slot.launches, slot.blocked_ns, slot.mem_used: the instance's shims (atomic
+ *   adds); proc.mem_used: that process's shim.
+ * The instance's memory in use is slot.mem_used - slot.mem_returned.
  * Tokens accrue continuously: at time t an instance may have consumed up to
  *   granted + rate_per_s * (t - granted_at_ns) / 1e9
  * The manager rebases (granted, granted_at_ns, rate_per_s) every period, capping what an idle
@@ -19,8 +25,9 @@
 #include <stdint.h>
 
 #define DILU_SHM_MAGIC 0x554c4944u /* "DILU" little-endian */
-#define DILU_SHM_ABI 2u
+#define DILU_SHM_ABI 3u
 #define DILU_SHM_MAX_SLOTS 64u
+#define DILU_SHM_MAX_PROCS 256u
 
 struct dilu_shm_header {
     uint32_t magic;
@@ -43,11 +50,24 @@ struct dilu_slot {
     int64_t mem_used;    /* bytes allocated through the shim */
     int64_t rate_per_s;  /* tokens accruing per second (the share x the GPU's capacity) */
     int64_t granted_at_ns;
+    int64_t mem_returned; /* bytes of exited processes that mem_used still counts */
+    int32_t processes;    /* live processes registered in the slot */
+    uint32_t reserved0;
+    int64_t reserved[6];
+};
+
+struct dilu_proc {
+    int32_t pid;
+    uint32_t slot;
+    int64_t mem_used;    /* bytes this process holds (its share of slot.mem_used) */
 };
 
 _Static_assert(sizeof(struct dilu_shm_header) == 64, "header is one cache line");
-_Static_assert(sizeof(struct dilu_slot) == 64, "slot is one cache line");
+_Static_assert(sizeof(struct dilu_slot) == 128, "slot is two cache lines");
+_Static_assert(sizeof(struct dilu_proc) == 16, "process entry");
 
-#define DILU_SHM_SIZE (sizeof(struct dilu_shm_header) + DILU_SHM_MAX_SLOTS * sizeof(struct dilu_slot))
+#define DILU_SHM_SLOTS_OFFSET sizeof(struct dilu_shm_header)
+#define DILU_SHM_PROCS_OFFSET (DILU_SHM_SLOTS_OFFSET + DILU_SHM_MAX_SLOTS * sizeof(struct dilu_slot))
+#define DILU_SHM_SIZE (DILU_SHM_PROCS_OFFSET + DILU_SHM_MAX_PROCS * sizeof(struct dilu_proc))
 
 #endif

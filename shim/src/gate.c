@@ -34,12 +34,20 @@ static struct {
     int sock;
     struct dilu_shm_header *header;
     struct dilu_slot *slot;
+    struct dilu_proc *proc;
+    uint32_t epoch;                   /* registrations so far: memory counted in an older region stays there */
     int64_t next_retry_ns;
     uint32_t launches_open;           /* launches since the gate latched open */
     int warned_open;
-} gate = {.state = GATE_UNREGISTERED, .sock = -1};
+} gate = {.state = GATE_UNREGISTERED, .sock = -1, .epoch = GATE_MEMORY_LOCAL};
 
 static pthread_mutex_t register_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void next_epoch(void) {
+    if (++gate.epoch <= GATE_MEMORY_LOCAL) {
+        gate.epoch = GATE_MEMORY_LOCAL + 1; /* never one of the reserve results' special values */
+    }
+}
 
 static int64_t now_ns(void) {
     struct timespec ts;
@@ -57,6 +65,7 @@ static void forget_registration(void) {
         gate.header = NULL;
     }
     gate.slot = NULL;
+    gate.proc = NULL;
 }
 
 static void after_fork_in_child(void) {
@@ -68,9 +77,12 @@ static void after_fork_in_child(void) {
     gate.sock = -1;
     gate.header = NULL;
     gate.slot = NULL;
+    gate.proc = NULL;
+    next_epoch();
     gate.warned_open = 0;
     pthread_mutex_init(&register_lock, NULL);
-    __atomic_store_n(&gate.state, shim_cfg.socket_path[0] ? GATE_UNREGISTERED : GATE_OFF, __ATOMIC_RELEASE);
+    __atomic_store_n(&gate.state, shim_cfg.socket_path[0] && !shim_cfg.disabled ? GATE_UNREGISTERED : GATE_OFF,
+                     __ATOMIC_RELEASE);
 }
 
 void gate_init(void) {
@@ -120,9 +132,10 @@ static int try_register(void) {
     }
     char reply[128];
     int fd = -1;
-    unsigned slot_index = 0, generation = 0;
+    unsigned slot_index = 0, generation = 0, proc_index = 0;
     if (receive_fd(sock, reply, sizeof(reply), &fd) != 0 || fd < 0 ||
-        sscanf(reply, "OK %u %u", &slot_index, &generation) != 2 || slot_index >= DILU_SHM_MAX_SLOTS) {
+        sscanf(reply, "OK %u %u %u", &slot_index, &generation, &proc_index) != 3 ||
+        slot_index >= DILU_SHM_MAX_SLOTS || proc_index >= DILU_SHM_MAX_PROCS) {
         shim_log(LOG_WARN, "token manager refused registration: %.100s", reply);
         if (fd >= 0) {
             close(fd);
@@ -147,9 +160,11 @@ static int try_register(void) {
     forget_registration();
     gate.sock = sock;
     gate.header = header;
-    gate.slot = (struct dilu_slot *)((char *)region + sizeof(struct dilu_shm_header)) + slot_index;
+    gate.slot = (struct dilu_slot *)((char *)region + DILU_SHM_SLOTS_OFFSET) + slot_index;
+    gate.proc = (struct dilu_proc *)((char *)region + DILU_SHM_PROCS_OFFSET) + proc_index;
+    next_epoch();
     /* Tokens charged before registration do not count against the new slot. */
-    shim_log(LOG_INFO, "registered with the token manager (slot %u)", slot_index);
+    shim_log(LOG_INFO, "registered with the token manager (slot %u, process %u)", slot_index, proc_index);
     return 0;
 }
 
@@ -242,8 +257,39 @@ void gate_charge(int64_t cost) {
     }
 }
 
-void gate_note_memory(int64_t delta) {
-    if (__atomic_load_n(&gate.state, __ATOMIC_ACQUIRE) == GATE_ACTIVE) {
-        __atomic_fetch_add(&gate.slot->mem_used, delta, __ATOMIC_RELAXED);
+uint32_t gate_memory_reserve(int64_t size, int64_t limit) {
+    int state = __atomic_load_n(&gate.state, __ATOMIC_ACQUIRE);
+    if (state == GATE_UNREGISTERED) {
+        ensure_registered(GATE_UNREGISTERED); /* memory is often allocated before the first launch */
+        state = __atomic_load_n(&gate.state, __ATOMIC_ACQUIRE);
     }
+    if (state != GATE_ACTIVE) {
+        return GATE_MEMORY_LOCAL;
+    }
+    struct dilu_slot *slot = gate.slot;
+    int64_t after = __atomic_add_fetch(&slot->mem_used, size, __ATOMIC_ACQ_REL) -
+                    __atomic_load_n(&slot->mem_returned, __ATOMIC_ACQUIRE);
+    if (limit > 0 && after > limit) {
+        __atomic_sub_fetch(&slot->mem_used, size, __ATOMIC_ACQ_REL);
+        shim_log(LOG_INFO, "allocation of %lld bytes refused: the instance's slice is %lld bytes, %lld in use",
+                 (long long)size, (long long)limit, (long long)(after - size));
+        return GATE_MEMORY_REFUSED;
+    }
+    __atomic_add_fetch(&gate.proc->mem_used, size, __ATOMIC_ACQ_REL);
+    return gate.epoch;
+}
+
+void gate_memory_release(int64_t size, uint32_t epoch) {
+    if (epoch == gate.epoch && __atomic_load_n(&gate.state, __ATOMIC_ACQUIRE) == GATE_ACTIVE) {
+        __atomic_sub_fetch(&gate.slot->mem_used, size, __ATOMIC_ACQ_REL);
+        __atomic_sub_fetch(&gate.proc->mem_used, size, __ATOMIC_ACQ_REL);
+    }
+}
+
+int64_t gate_memory_used(void) {
+    if (__atomic_load_n(&gate.state, __ATOMIC_ACQUIRE) != GATE_ACTIVE) {
+        return -1;
+    }
+    return __atomic_load_n(&gate.slot->mem_used, __ATOMIC_ACQUIRE) -
+           __atomic_load_n(&gate.slot->mem_returned, __ATOMIC_ACQUIRE);
 }

@@ -11,7 +11,16 @@ void gate_init(void);
  * when there is no manager or it has gone stale. Never holds a lock while it waits. */
 void gate_charge(int64_t cost);
 
-/* Adds allocated bytes to the slot's telemetry (best effort). */
-void gate_note_memory(int64_t delta);
+/* Reservations of device memory in the instance's shared counter (all its processes together).
+ * gate_memory_reserve returns GATE_MEMORY_REFUSED when `size` would take the instance past
+ * `limit` (0: no limit), GATE_MEMORY_LOCAL when there is no registered manager (the caller
+ * counts the bytes itself), else the registration epoch to hand back to gate_memory_release. */
+#define GATE_MEMORY_REFUSED 0u
+#define GATE_MEMORY_LOCAL 1u
+uint32_t gate_memory_reserve(int64_t size, int64_t limit);
+void gate_memory_release(int64_t size, uint32_t epoch);
+
+/* The instance's bytes in use over all its processes, or -1 when not registered. */
+int64_t gate_memory_used(void);
 
 #endif

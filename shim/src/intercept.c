@@ -4,12 +4,15 @@
  *   cuGetProcAddress_v2 this way; ctypes and Triton ask for launches). Exact names only; the
  *   caller's own handle decides whether the symbol exists; calls from inside the driver pass
  *   through untouched (a driver that uses dlsym internally must get its own functions).
+ *   RTLD_NEXT means "after the object that called dlsym": glibc reads that from its caller, which
+ *   is now the shim, so the shim finds the next definition after its real caller itself.
  * - cuGetProcAddress / _v2: the CUDA runtime fetches every entry point through these. The real
  *   one is always called first with the same (symbol, version, flags); only then is the returned
  *   pointer recorded as the real function of that exact variant and replaced by the wrapper.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <link.h>
 #include <string.h>
 
 #include "hooks.h"
@@ -38,8 +41,43 @@ static int caller_is_driver(const void *return_address) {
     return dladdr(return_address, &caller) != 0 && caller.dli_fbase == base;
 }
 
+static struct link_map *object_of(const void *address) {
+    Dl_info info;
+    struct link_map *map = NULL;
+    if (dladdr1(address, &info, (void **)&map, RTLD_DL_LINKMAP) == 0) {
+        return NULL;
+    }
+    return map;
+}
+
+/* dlsym(RTLD_NEXT, symbol) as seen from `caller`: the first definition in an object loaded after
+ * the caller's (link-map order is the global search order). */
+static void *next_after(const void *caller, const char *symbol) {
+    struct link_map *own = object_of(caller);
+    if (own == NULL) {
+        return NULL;
+    }
+    for (struct link_map *map = own->l_next; map != NULL; map = map->l_next) {
+        if (map->l_name == NULL || map->l_name[0] == '\0') {
+            continue; /* the vDSO: nothing a caller looks up by name */
+        }
+        void *handle = dlopen(map->l_name, RTLD_LAZY | RTLD_NOLOAD);
+        if (handle == NULL) {
+            continue;
+        }
+        void *found = real_dlsym(handle, symbol);
+        dlclose(handle);
+        /* A handle also searches its object's dependencies: keep only a definition in the object
+         * itself, so the walk finds each definition in load order. */
+        if (found != NULL && object_of(found) == map) {
+            return found;
+        }
+    }
+    return NULL;
+}
+
 API void *dlsym(void *handle, const char *symbol) {
-    void *found = real_dlsym(handle, symbol);
+    void *found = handle == RTLD_NEXT ? next_after(__builtin_return_address(0), symbol) : real_dlsym(handle, symbol);
     if (found == NULL) {
         return NULL;
     }

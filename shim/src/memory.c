@@ -1,7 +1,11 @@
 /*
  * The memory slice: allocations beyond DILU_MEMORY_LIMIT fail with CUDA_ERROR_OUT_OF_MEMORY,
  * and cuMemGetInfo reports the slice (total = limit, free = what is left of it, never more
- * than the device really has free). Sizes are remembered per pointer so frees give bytes back.
+ * than the device really has free). The slice is the instance's: while registered with the
+ * token manager, bytes are counted in the instance's shared counter, so its processes together
+ * stay within it and an exited process's bytes go back. Without a manager each process counts
+ * its own. Sizes are remembered per pointer (with where they were counted) so frees give bytes
+ * back.
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -18,12 +22,13 @@
 struct allocation {
     CUdeviceptr ptr;
     int64_t size;
+    uint32_t counted;     /* GATE_MEMORY_LOCAL, or the registration epoch of the shared counter */
     struct allocation *next;
 };
 
 static struct allocation *buckets[BUCKETS];
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static int64_t used;
+static int64_t used; /* bytes counted locally (no manager) */
 
 static size_t bucket_of(CUdeviceptr ptr) {
     return (size_t)((ptr >> 8) ^ (ptr >> 20)) % BUCKETS;
@@ -46,67 +51,75 @@ static int limited(void) {
     return shim_cfg.memory_limit > 0 && !shim_cfg.disabled;
 }
 
-/* Reserves `size` bytes of the slice; 0 if that would exceed it. */
-static int reserve(int64_t size) {
-    if (!limited()) {
-        return 1;
+/* Reserves `size` bytes of the slice: GATE_MEMORY_REFUSED if that would exceed it, else where
+ * they were counted (to hand back to unreserve). */
+static uint32_t reserve(int64_t size) {
+    int64_t limit = limited() ? shim_cfg.memory_limit : 0;
+    uint32_t counted = shim_cfg.disabled ? GATE_MEMORY_LOCAL : gate_memory_reserve(size, limit);
+    if (counted != GATE_MEMORY_LOCAL) {
+        return counted;
     }
     int64_t after = __atomic_add_fetch(&used, size, __ATOMIC_ACQ_REL);
-    if (after > shim_cfg.memory_limit) {
+    if (limit > 0 && after > limit) {
         __atomic_sub_fetch(&used, size, __ATOMIC_ACQ_REL);
         shim_log(LOG_INFO, "allocation of %lld bytes refused: slice is %lld bytes, %lld in use",
-                 (long long)size, (long long)shim_cfg.memory_limit, (long long)(after - size));
-        return 0;
+                 (long long)size, (long long)limit, (long long)(after - size));
+        return GATE_MEMORY_REFUSED;
     }
-    return 1;
+    return GATE_MEMORY_LOCAL;
 }
 
-static void unreserve(int64_t size) {
-    if (limited()) {
+static void unreserve(int64_t size, uint32_t counted) {
+    if (counted == GATE_MEMORY_LOCAL) {
         __atomic_sub_fetch(&used, size, __ATOMIC_ACQ_REL);
+    } else if (counted != GATE_MEMORY_REFUSED) {
+        gate_memory_release(size, counted);
     }
 }
 
-static void remember(CUdeviceptr ptr, int64_t size) {
+static void remember(CUdeviceptr ptr, int64_t size, uint32_t counted) {
     struct allocation *entry = malloc(sizeof(*entry));
     if (entry == NULL) {
         return;
     }
     entry->ptr = ptr;
     entry->size = size;
+    entry->counted = counted;
     pthread_mutex_lock(&lock);
     size_t bucket = bucket_of(ptr);
     entry->next = buckets[bucket];
     buckets[bucket] = entry;
     pthread_mutex_unlock(&lock);
-    gate_note_memory(size);
 }
 
-static int64_t forget(CUdeviceptr ptr) {
+/* Forgets an allocation and gives its bytes back to where they were counted. */
+static void forget(CUdeviceptr ptr) {
     int64_t size = 0;
+    uint32_t counted = GATE_MEMORY_REFUSED;
     pthread_mutex_lock(&lock);
     for (struct allocation **link = &buckets[bucket_of(ptr)]; *link != NULL; link = &(*link)->next) {
         if ((*link)->ptr == ptr) {
             struct allocation *entry = *link;
             *link = entry->next;
             size = entry->size;
+            counted = entry->counted;
             free(entry);
             break;
         }
     }
     pthread_mutex_unlock(&lock);
-    gate_note_memory(-size);
-    return size;
+    unreserve(size, counted);
 }
 
-static CUresult allocated(CUresult result, CUdeviceptr *ptr, int64_t reserved, int64_t actual) {
+static CUresult allocated(CUresult result, CUdeviceptr *ptr, int64_t reserved, int64_t actual, uint32_t counted) {
     if (result != CUDA_SUCCESS || ptr == NULL) {
-        unreserve(reserved);
+        unreserve(reserved, counted);
         return result;
     }
     if (actual != reserved) {
-        unreserve(reserved);
-        if (!reserve(actual)) {
+        unreserve(reserved, counted);
+        counted = reserve(actual);
+        if (counted == GATE_MEMORY_REFUSED) {
             /* Pitch padding pushed it over: the slice still holds. */
             CUresult (*real_free)(CUdeviceptr) = (CUresult(*)(CUdeviceptr))real_fn(H_MEM_FREE_V2);
             if (real_free != NULL) {
@@ -115,7 +128,7 @@ static CUresult allocated(CUresult result, CUdeviceptr *ptr, int64_t reserved, i
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
     }
-    remember(*ptr, actual);
+    remember(*ptr, actual, counted);
     return result;
 }
 
@@ -124,10 +137,11 @@ API CUresult cuMemAlloc_v2(CUdeviceptr *ptr, size_t size) {
     if (real == NULL) {
         return CUDA_ERROR_NOT_SUPPORTED;
     }
-    if (!reserve((int64_t)size)) {
+    uint32_t counted = reserve((int64_t)size);
+    if (counted == GATE_MEMORY_REFUSED) {
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    return allocated(real(ptr, size), ptr, (int64_t)size, (int64_t)size);
+    return allocated(real(ptr, size), ptr, (int64_t)size, (int64_t)size, counted);
 }
 
 API CUresult cuMemAllocManaged(CUdeviceptr *ptr, size_t size, unsigned int flags) {
@@ -136,10 +150,11 @@ API CUresult cuMemAllocManaged(CUdeviceptr *ptr, size_t size, unsigned int flags
     if (real == NULL) {
         return CUDA_ERROR_NOT_SUPPORTED;
     }
-    if (!reserve((int64_t)size)) {
+    uint32_t counted = reserve((int64_t)size);
+    if (counted == GATE_MEMORY_REFUSED) {
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    return allocated(real(ptr, size, flags), ptr, (int64_t)size, (int64_t)size);
+    return allocated(real(ptr, size, flags), ptr, (int64_t)size, (int64_t)size, counted);
 }
 
 API CUresult cuMemAllocPitch_v2(CUdeviceptr *ptr, size_t *pitch, size_t width, size_t height,
@@ -150,12 +165,13 @@ API CUresult cuMemAllocPitch_v2(CUdeviceptr *ptr, size_t *pitch, size_t width, s
         return CUDA_ERROR_NOT_SUPPORTED;
     }
     int64_t wanted = (int64_t)width * (int64_t)height;
-    if (!reserve(wanted)) {
+    uint32_t counted = reserve(wanted);
+    if (counted == GATE_MEMORY_REFUSED) {
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     CUresult result = real(ptr, pitch, width, height, element_size);
     int64_t actual = (result == CUDA_SUCCESS && pitch != NULL) ? (int64_t)*pitch * (int64_t)height : wanted;
-    return allocated(result, ptr, wanted, actual);
+    return allocated(result, ptr, wanted, actual, counted);
 }
 
 static CUresult alloc_async(enum hook_id id, CUdeviceptr *ptr, size_t size, CUstream stream) {
@@ -163,10 +179,11 @@ static CUresult alloc_async(enum hook_id id, CUdeviceptr *ptr, size_t size, CUst
     if (real == NULL) {
         return CUDA_ERROR_NOT_SUPPORTED;
     }
-    if (!reserve((int64_t)size)) {
+    uint32_t counted = reserve((int64_t)size);
+    if (counted == GATE_MEMORY_REFUSED) {
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    return allocated(real(ptr, size, stream), ptr, (int64_t)size, (int64_t)size);
+    return allocated(real(ptr, size, stream), ptr, (int64_t)size, (int64_t)size, counted);
 }
 
 API CUresult cuMemAllocAsync(CUdeviceptr *ptr, size_t size, CUstream stream) {
@@ -184,7 +201,7 @@ API CUresult cuMemFree_v2(CUdeviceptr ptr) {
     }
     CUresult result = real(ptr);
     if (result == CUDA_SUCCESS) {
-        unreserve(forget(ptr));
+        forget(ptr);
     }
     return result;
 }
@@ -196,7 +213,7 @@ static CUresult free_async(enum hook_id id, CUdeviceptr ptr, CUstream stream) {
     }
     CUresult result = real(ptr, stream);
     if (result == CUDA_SUCCESS) {
-        unreserve(forget(ptr));
+        forget(ptr);
     }
     return result;
 }
@@ -218,7 +235,8 @@ API CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
     if (result != CUDA_SUCCESS || !limited()) {
         return result;
     }
-    int64_t left = shim_cfg.memory_limit - __atomic_load_n(&used, __ATOMIC_ACQUIRE);
+    int64_t shared = gate_memory_used();
+    int64_t left = shim_cfg.memory_limit - __atomic_load_n(&used, __ATOMIC_ACQUIRE) - (shared > 0 ? shared : 0);
     if (left < 0) {
         left = 0;
     }

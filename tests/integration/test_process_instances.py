@@ -89,6 +89,44 @@ async def test_handler_failures_end_the_instance_with_the_handlers_error(
     assert message in report.error and not report.was_ready and report.exit_code == 3
     assert "Traceback" in await agent.read_logs("i-bad")
 
+WARMUP = str(FIXTURE_FUNCTIONS / "warmup")
+
+
+@pytest.mark.parametrize(("warmup", "seen"), [
+    ({"request": {"example": "inline"}, "count": 2}, [{"example": "inline"}, {"example": "inline"}]),
+    ({"file": "warmup.json", "count": 1}, [{"example": "from a file"}]),
+])
+async def test_warmup_requests_run_before_the_instance_is_ready(agent: WorkerAgent, warmup: dict,
+                                                                  seen: list) -> None:
+    status = await agent.start_instance(make_start("i-warm", WARMUP, handler="handler:Remember", warmup=warmup))
+    await until_state(agent, "i-warm", "ready")
+    async with httpx.AsyncClient(base_url=status.endpoint, timeout=30) as client:
+        first = (await client.post("/infer", json={"user": 1})).json()
+        marks = (await client.get("/health")).json()["startup"]
+    assert first["seen_before"] == seen, "the first user's request came after the warm-up's"
+    assert marks["loaded"] <= marks["warmed"] <= marks["ready"]
+
+
+@pytest.mark.parametrize(("warmup", "message"), [
+    ({"request": {"fail": True}}, "warm-up request failed: this request always fails"),
+    ({"file": "missing.json"}, "warm-up file 'missing.json': No such file or directory"),
+    ({"file": "handler.py"}, "warm-up file 'handler.py' is not valid JSON"),
+    ({"file": "escape.json"}, "outside the function's code"),
+])
+async def test_a_warmup_that_cannot_run_fails_the_instance_with_why(agent: WorkerAgent, tmp_path: Path,
+                                                                    warmup: dict, message: str) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    for name in ("handler.py", "warmup.json"):
+        (code / name).write_bytes((Path(WARMUP) / name).read_bytes())
+    (tmp_path / "secret.json").write_text("{}")
+    (code / "escape.json").symlink_to(tmp_path / "secret.json")     # a link out of the code is refused
+    await agent.start_instance(make_start("i-cold", str(code), handler="handler:Remember", warmup=warmup))
+    await until_state(agent, "i-cold", "failed")
+    report = next(s for s in await agent.list_instances() if s.instance_id == "i-cold")
+    assert message in report.error and not report.was_ready
+
+
 async def test_graceful_stop_and_idempotence(agent: WorkerAgent) -> None:
     status = await agent.start_instance(make_start("i-stop", OK))
     again = await agent.start_instance(make_start("i-stop", OK))

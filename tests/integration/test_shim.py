@@ -193,3 +193,43 @@ def test_klc_emergency_squeezes_batch_work_and_its_end_gives_the_share_back(
     assert min(batch_shares[:4]) < 0.6, f"batch work was not squeezed during the bursts: {batch_shares}"
     assert batch_shares[-1] > 0.85, f"batch work did not get its limit back after the bursts: {batch_shares}"
     assert alone, "the latency client reported its bursts"
+
+
+def test_rtld_next_from_another_interposer_finds_what_follows_it(tmp_path: Path) -> None:
+    interposer = str(BUILD / "libnextcaller.so")
+    env = client_env(tmp_path)
+    env["LD_PRELOAD"] = f"{BUILD / 'libdilu_shim.so'}:{interposer}"       # the shim first, then the tool
+    (result,) = start_client(env, "next", interposer).lines()
+    assert result["code"] == 0 and result["version"] > 0, "its forwarder reached the driver, not itself"
+    assert result["next"].endswith("libcuda.so.1")
+    # A gated entry point found through RTLD_NEXT is still the shim's wrapper.
+    assert result["next_launch"] == str(BUILD / "libdilu_shim.so")
+
+
+def test_a_forked_child_honours_shim_disable(manager: TokenManager, tmp_path: Path) -> None:
+    env = client_env(tmp_path, socket=manager.socket_path, instance="off", extra={"DILU_SHIM_DISABLE": "1"})
+    client = start_client(env, "fork", 100)
+    (result,) = client.lines()
+    assert result["child_exit"] == 0
+    assert "registered with the token manager" not in client.stderr
+    assert "off" not in manager.telemetry()
+
+
+def test_an_instances_processes_share_one_budget(manager: TokenManager, tmp_path: Path) -> None:
+    manager.set_slice("workers", "batch", 0.3, 0.3)
+    (result,) = start_client(client_env(tmp_path, socket=manager.socket_path, instance="workers"),
+                             "forkshare", 2.5, 100).lines()
+    assert result["parent_share"] > 0.05 and result["child_share"] > 0.05, "both processes ran"
+    assert result["share"] == pytest.approx(0.3, abs=0.05), "two processes, one instance's share"
+
+
+def test_an_instances_processes_share_one_memory_slice(manager: TokenManager, tmp_path: Path) -> None:
+    limit = 10 * 2**20
+    client = start_client(client_env(tmp_path, socket=manager.socket_path, instance="pool", memory_limit=limit),
+                          "forkmemory", limit)
+    (result,) = client.lines()
+    assert result["child_oversize"] == result["oom"], "the child cannot take what its parent already holds"
+    assert result["total"] == limit
+    assert result["free_with_child"] == limit - limit * 6 // 10 - limit * 3 // 10
+    assert result["free_after_child"] == limit - limit * 6 // 10, "an exited process's bytes go back"
+    assert result["free_at_end"] == limit

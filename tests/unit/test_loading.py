@@ -19,6 +19,13 @@ def test_stages_from_marks() -> None:
     assert stages_from_marks(100.0, {"loaded": "x"}) == {}
 
 
+def test_device_and_warmup_stages_when_the_instance_went_through_them() -> None:
+    marks = {"process_start": 100.2, "serving": 100.6, "handler_imported": 101.6, "device_ready": 102.4,
+             "loaded": 103.0, "warmed": 103.9, "ready": 104.0}
+    assert stages_from_marks(100.0, marks) == {"spawn": 0.2, "runtime": 0.4, "imports": 1.0, "device": 0.8,
+                                               "load": 0.6, "warmup": 0.9, "ready": 0.1}
+
+
 def test_running_estimates_weight_the_newest_start() -> None:
     first = update_estimates(None, {"load": 2.0, "imports": 1.0})
     assert first == {"load": {"mean_s": 2.0, "samples": 1}, "imports": {"mean_s": 1.0, "samples": 1}}

@@ -44,6 +44,13 @@ def expect(ctx: ReplicaContext, desired: int, reason_has: str) -> None:
                                                               keep_reason="next request due in 1.0s"), 1, "pre-warm"),
     ("a warm verdict keeps what runs", replace(BASE, current=2, keep=Verdict.WARM, keep_reason="due"), 2, "due"),
     ("a hold verdict starts nothing", replace(BASE, current=0), 0, "within keep-alive"),
+    ("an idle workflow node whose loading hides is released", replace(BASE, current=2, release_idle=True), 0,
+     "hides in the slack"),
+    ("a released node keeps its minimum", replace(BASE, current=2, min_instances=1, release_idle=True), 1,
+     "hides in the slack"),
+    ("a busy released node keeps serving", replace(BASE, current=1, in_flight=1, release_idle=True), 1, "serving"),
+    ("a node a workflow expects is not released", replace(BASE, current=1, expected=True, release_idle=True), 1,
+     "needs it soon"),
 ])
 def test_desired_instances(label: str, ctx: ReplicaContext, desired: int, reason: str) -> None:
     expect(ctx, desired, reason)

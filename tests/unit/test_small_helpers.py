@@ -21,6 +21,14 @@ def test_merge_activity_sums_gateways_and_keeps_latest_request() -> None:
     assert merged["g"].last_request_at is None
 
 
+def test_merge_activity_keeps_the_latest_workflow_hints_of_any_gateway() -> None:
+    merged = merge_activity(
+        [{"f": {"expected_until": 50.0, "release_idle_until": 40.0, "direct_at": None}},
+         {"f": {"expected_until": 45.0, "release_idle_until": None, "direct_at": 30.0}}], {})
+    assert merged["f"].expected_until == 50.0 and merged["f"].release_idle_until == 40.0
+    assert merged["f"].direct_at == 30.0          # a direct request at another gateway still counts
+
+
 @pytest.mark.parametrize(("code", "log", "expected"), [
     (EXIT_LOAD_FAILED, f"Traceback...\n{ERROR_MARKER}Echo.load() failed: OSError: no weights\n",
      "Echo.load() failed: OSError: no weights"),

@@ -48,6 +48,11 @@ def test_cluster_default_applies_only_where_the_user_is_silent() -> None:
      "sm_request must be <= sm_limit"),
     ("min above max", MINIMAL + "scaling:\n  min_instances: 5\n  max_instances: 2\n", "min_instances must be <="),
     ("reserved env", MINIMAL + "env:\n  LD_PRELOAD: x\n", "reserved by the platform"),
+    ("warm-up without a request", MINIMAL + "warmup:\n  count: 2\n", "either inline (request) or as a file"),
+    ("warm-up with both", MINIMAL + "warmup:\n  request: {x: 1}\n  file: w.json\n", "either inline"),
+    ("warm-up file outside the code", MINIMAL + "warmup:\n  file: ../secrets.json\n", "no '..'"),
+    ("warm-up file absolute", MINIMAL + "warmup:\n  file: /etc/passwd\n", "relative"),
+    ("warm-up count bounded", MINIMAL + "warmup:\n  request: 1\n  count: 1000\n", "warmup.count (line 5)"),
 ])
 def test_invalid_specs_name_the_problem(name: str, text: str, expected: str) -> None:
     with pytest.raises(SpecError) as caught:

@@ -172,7 +172,8 @@ class DockerBackend:
         config = InstanceConfig(
             instance_id=request.instance_id, function=request.function, handler=spec["handler"],
             source_dir=code_dir, options=spec.get("model") or {},
-            max_batch_size=spec["batching"]["max_batch_size"], max_wait_ms=spec["batching"]["max_wait_ms"])
+            max_batch_size=spec["batching"]["max_batch_size"], max_wait_ms=spec["batching"]["max_wait_ms"],
+            warmup=spec.get("warmup"))
         env = dict(spec.get("env") or {})
         env.update(injected)
         env.update({

@@ -176,7 +176,8 @@ class ProcessBackend:
         config = InstanceConfig(
             instance_id=request.instance_id, function=request.function, handler=spec["handler"],
             source_dir=source_dir, options=spec.get("model") or {},
-            max_batch_size=spec["batching"]["max_batch_size"], max_wait_ms=spec["batching"]["max_wait_ms"])
+            max_batch_size=spec["batching"]["max_batch_size"], max_wait_ms=spec["batching"]["max_wait_ms"],
+            warmup=spec.get("warmup"))
         return json.dumps(asdict(config))
 
     # ---- spares ----
@@ -221,7 +222,10 @@ class ProcessBackend:
                     env={**self._base_env, "PYTHONUNBUFFERED": "1", protocol.ENV_PRELOAD: ",".join(self._preload)},
                     stdin=subprocess.PIPE, stdout=log,
                     stderr=subprocess.STDOUT, pass_fds=(listener.fileno(),), start_new_session=True,
-                    preexec_fn=_child_setup(None, self._user),
+                    # Spares import in the background group: a refill never slows serving down;
+                    # an assigned spare moves to its instance's group.
+                    preexec_fn=_child_setup(self.cpu.background_procs_file() if self.cpu and self.cpu.available
+                                            else None, self._user),
                     cwd=self._sandboxes.shared if self._sandboxes else self._state_dir)
         finally:
             port = listener.getsockname()[1]

@@ -46,7 +46,7 @@ def main() -> None:
                  "must be set by the worker")
     listener = socket.socket(fileno=environment.listen_fd) if environment.listen_fd is not None \
         else bind_listener(*environment.listen)
-    serve(config, listener, assigned_at, environment.key)
+    serve(config, listener, assigned_at, environment.key, environment.device)
 
 
 if __name__ == "__main__":

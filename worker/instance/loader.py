@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import sys
 import time
@@ -42,13 +43,20 @@ def check_inside(module: Any, source_dir: str, module_name: str) -> None:
                            f"the function's code: rename the module")
 
 
+WARMUP_FILE_LIMIT = 16 * 2**20
+
+
 def build_handler(source_dir: str, handler: str, options: dict[str, Any],
-                  marks: dict[str, float] | None = None) -> Any:
-    """Imports, instantiates with ``options`` and calls ``load()`` once; records the wall-clock
-    time each stage ended in ``marks`` (``handler_imported``, ``loaded``)."""
+                  marks: dict[str, float] | None = None, *, device: str = "cpu",
+                  warmup: dict[str, Any] | None = None) -> Any:
+    """Imports, initialises the GPU (when the instance has one), instantiates with ``options``,
+    calls ``load()`` once and runs the warm-up requests; records the wall-clock time each stage
+    ended in ``marks`` (``handler_imported``, ``device_ready``, ``loaded``, ``warmed``)."""
     marks = {} if marks is None else marks
     cls = import_handler(source_dir, handler)
     marks["handler_imported"] = time.time()
+    if device != "cpu" and _init_device():
+        marks["device_ready"] = time.time()
     try:
         instance = cls(**options)
     except Exception as exc:
@@ -62,4 +70,56 @@ def build_handler(source_dir: str, handler: str, options: dict[str, Any],
         except Exception as exc:
             raise HandlerError(f"{handler}.load() failed: {type(exc).__name__}: {exc}") from exc
     marks["loaded"] = time.time()
+    if warmup:
+        run_warmup(instance, warmup, source_dir)
+        marks["warmed"] = time.time()
     return instance
+
+
+def _init_device() -> bool:
+    """Creates the CUDA context now, when the handler's module brought torch and a GPU is visible,
+    so its cost is measured as its own stage rather than inside ``load()`` (False: nothing done)."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is None or not torch.cuda.is_available():
+            return False
+        torch.cuda.init()
+        torch.zeros(1, device="cuda")    # the context exists once something lives on the device
+        return True
+    except Exception as exc:  # a broken device is the handler's load failure to report
+        raise HandlerError(f"GPU initialisation failed: {type(exc).__name__}: {exc}") from exc
+
+
+def read_warmup_request(warmup: dict[str, Any], source_dir: str) -> Any:
+    """The warm-up request: inline, or a JSON file inside the function's code."""
+    if warmup.get("file") is None:
+        return warmup.get("request")
+    root = os.path.realpath(source_dir or ".")
+    path = os.path.realpath(os.path.join(root, warmup["file"]))
+    if os.path.commonpath([path, root]) != root:
+        raise HandlerError(f"warm-up file {warmup['file']!r} is outside the function's code")
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(WARMUP_FILE_LIMIT + 1)
+    except OSError as exc:
+        raise HandlerError(f"warm-up file {warmup['file']!r}: {exc.strerror or exc}") from exc
+    if len(data) > WARMUP_FILE_LIMIT:
+        raise HandlerError(f"warm-up file {warmup['file']!r} is larger than {WARMUP_FILE_LIMIT} bytes")
+    try:
+        return json.loads(data)
+    except ValueError as exc:
+        raise HandlerError(f"warm-up file {warmup['file']!r} is not valid JSON: {exc}") from exc
+
+
+def run_warmup(instance: Any, warmup: dict[str, Any], source_dir: str) -> None:
+    """Runs the warm-up request ``count`` times; a failing one fails the load (a model that cannot
+    answer its own example would fail its users too)."""
+    request = read_warmup_request(warmup, source_dir)
+    for _ in range(int(warmup.get("count") or 1)):
+        try:
+            results = instance.predict([request])
+        except Exception as exc:
+            raise HandlerError(f"warm-up request failed: {type(exc).__name__}: {exc}") from exc
+        failed = next((r for r in results or [] if isinstance(r, BaseException)), None)
+        if failed is not None:
+            raise HandlerError(f"warm-up request failed: {failed}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import socket
@@ -36,8 +37,9 @@ from worker.instance.loader import HandlerError, build_handler
 from worker.instance.metrics import InstanceMetrics
 
 class RuntimeState:
-    def __init__(self, config: InstanceConfig) -> None:
+    def __init__(self, config: InstanceConfig, device: str = "cpu") -> None:
         self.config = config
+        self.device = device
         self.marks: dict[str, float] = {}
         self.ready = threading.Event()
         self.batcher: Batcher | None = None
@@ -120,8 +122,9 @@ async def _load_then_serve_batches(state: RuntimeState) -> None:
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dilu-predict")
     loop = asyncio.get_running_loop()
     try:
-        handler = await loop.run_in_executor(
-            executor, build_handler, config.source_dir, config.handler, config.options, state.marks)
+        handler = await loop.run_in_executor(executor, functools.partial(
+            build_handler, config.source_dir, config.handler, config.options, state.marks,
+            device=state.device, warmup=config.warmup))
     except HandlerError as exc:
         traceback.print_exc()
         _fail(str(exc))
@@ -166,13 +169,13 @@ def bind_listener(host: str, port: int) -> socket.socket:
 
 
 def serve(config: InstanceConfig, listener: socket.socket, assigned_at: float | None = None,
-          key: str | None = None) -> None:
+          key: str | None = None, device: str = "cpu") -> None:
     """Serves on the bound ``listener`` until SIGTERM. ``assigned_at``: when
     a spare process (started and imported ahead of time) was given this instance; its start-up
     marks count from then."""
     import uvicorn
 
-    state = RuntimeState(config)
+    state = RuntimeState(config, device)
     started = assigned_at if assigned_at is not None else _process_start_time()
     state.marks.update(process_start=started, runtime_imported=assigned_at or time.time())
 

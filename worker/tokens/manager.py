@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from dilu.policy.vertical import InstanceSlice, VerticalContext, VerticalParams, VerticalState, allocate
-from worker.tokens.region import ABI, MAX_SLOTS, Region, allowed_at, rebase
+from worker.tokens.region import ABI, MAX_PROCS, MAX_SLOTS, Region, allowed_at, rebase
 
 log = logging.getLogger(__name__)
 TELEMETRY_WINDOW_PERIODS = 200
@@ -35,13 +35,24 @@ HEADROOM = 0.02
 
 
 @dataclass
-class _Client:
-    sock: socket.socket
-    slot: int
-    pid: int
+class _Instance:
+    """One slot: an instance and its registered processes."""
+
     instance_id: str
-    last_consumed: int
+    slot: int
+    last_consumed: int = 0
+    processes: set[int] = field(default_factory=set)     # process entries
     deltas: deque = field(default_factory=lambda: deque(maxlen=TELEMETRY_WINDOW_PERIODS))
+
+
+@dataclass
+class _Client:
+    """One registered process (its socket's EOF is its exit)."""
+
+    sock: socket.socket
+    proc: int
+    pid: int
+    instance: _Instance
 
 
 class TokenManager:
@@ -54,7 +65,8 @@ class TokenManager:
         self._region = Region(int(self.params.period_s * 1e6))
         self._lock = threading.Lock()
         self._slices: dict[str, InstanceSlice] = {}
-        self._clients: dict[int, _Client] = {}  # by slot
+        self._clients: dict[int, _Client] = {}  # by process entry
+        self._instances: dict[str, _Instance] = {}  # by the key of _instance_key
         self._state = VerticalState()
         self._shares: dict[str, float] = {}
         self._stop = threading.Event()
@@ -75,28 +87,29 @@ class TokenManager:
             self._slices.pop(instance_id, None)
 
     def telemetry(self) -> dict[str, dict[str, Any]]:
-        """Per instance: granted and used share, KLC, stretch, state, launches, waits, memory."""
+        """Per instance: granted and used share, KLC, stretch, state, launches, waits, memory
+        (over all its processes) and how many processes it has."""
         with self._lock:
             result: dict[str, dict[str, Any]] = {}
             per_period = self.capacity_per_s * self.params.period_s
-            for client in self._clients.values():
-                slot = self._region.slots[client.slot]
-                window = len(client.deltas) or 1
-                klc = self._state.klc.get(client.instance_id)
+            for instance in self._instances.values():
+                slot = self._region.slots[instance.slot]
+                window = len(instance.deltas) or 1
+                name = instance.instance_id
+                klc = self._state.klc.get(name)
                 waiting = slot.consumed > allowed_at(slot, time.monotonic_ns())
-                recent = client.instance_id in self._state.last_active and \
-                    time.monotonic() - self._state.last_active[client.instance_id] < 0.1
-                entry = result.setdefault(client.instance_id, {
-                    "granted_share": round(self._shares.get(client.instance_id, 0.0), 4),
+                recent = name in self._state.last_active and time.monotonic() - self._state.last_active[name] < 0.1
+                entry = result.setdefault(name, {
+                    "granted_share": round(self._shares.get(name, 0.0), 4),
                     "used_share": 0.0, "klc_ms": None, "stretch": None, "state": "idle",
                     "launches": 0, "tokens": 0, "blocked_ms": 0.0, "memory_bytes": 0, "processes": 0,
                     "batch_factor": round(self._state.batch_factor, 4)})
-                entry["used_share"] = round(entry["used_share"] + sum(client.deltas) / (window * per_period), 4)
+                entry["used_share"] = round(entry["used_share"] + sum(instance.deltas) / (window * per_period), 4)
                 entry["launches"] += slot.launches
                 entry["tokens"] += slot.consumed
                 entry["blocked_ms"] = round(entry["blocked_ms"] + slot.blocked_ns / 1e6, 3)
-                entry["memory_bytes"] += slot.mem_used
-                entry["processes"] += 1
+                entry["memory_bytes"] += slot.memory_in_use
+                entry["processes"] += len(instance.processes)
                 entry["state"] = "waiting" if waiting else "active" if recent else entry["state"]
                 if klc is not None and klc.last_klc is not None:
                     entry["klc_ms"] = round(klc.last_klc * self.params.period_s * 1000, 1)
@@ -131,6 +144,7 @@ class TokenManager:
         for client in list(self._clients.values()):
             client.sock.close()
         self._clients.clear()
+        self._instances.clear()
         if self._listener is not None:
             self._listener.close()
         self._selector.close()
@@ -161,15 +175,15 @@ class TokenManager:
         with self._lock:
             slots = self._region.slots
             active: set[str] = set()
-            for client in self._clients.values():
-                slot = slots[client.slot]
+            for instance in self._instances.values():
+                slot = slots[instance.slot]
                 consumed = slot.consumed
-                delta = consumed - client.last_consumed
-                client.last_consumed = consumed
-                client.deltas.append(max(0, delta))
+                delta = consumed - instance.last_consumed
+                instance.last_consumed = consumed
+                instance.deltas.append(max(0, delta))
                 if delta > 0 or consumed > allowed_at(slot, time.monotonic_ns()):
-                    active.add(client.instance_id)
-            instances = {c.instance_id for c in self._clients.values()}
+                    active.add(instance.instance_id)
+            instances = {i.instance_id for i in self._instances.values()}
             slices = tuple(self._slices.get(i) or InstanceSlice(i, "batch", 0.0, 1.0) for i in sorted(instances))
             self._shares, self._state = allocate(
                 VerticalContext(now, slices, frozenset(active), self.params), self._state)
@@ -177,10 +191,10 @@ class TokenManager:
                 self.events.append((now, event))
                 log.info("%s: %s (batch factor %.3f)", self.gpu_uuid, event, self._state.batch_factor)
             now_ns = time.monotonic_ns()
-            for client in self._clients.values():
-                rate = int(self._shares.get(client.instance_id, 0.0) * self.capacity_per_s * (1 - HEADROOM))
+            for instance in self._instances.values():
+                rate = int(self._shares.get(instance.instance_id, 0.0) * self.capacity_per_s * (1 - HEADROOM))
                 # Idle instances bank at most one period of tokens; debts carry over.
-                rebase(slots[client.slot], now_ns, rate, int(rate * self.params.period_s))
+                rebase(slots[instance.slot], now_ns, rate, int(rate * self.params.period_s))
             self.periods += 1
         self._region.refilled(time.monotonic_ns())
 
@@ -206,33 +220,61 @@ class TokenManager:
             conn.sendall(f"ERR expected HELLO {ABI} <pid> <instance>\n".encode())
             conn.close()
             return
+        pid, instance_id = int(hello[2]) if hello[2].isdigit() else 0, hello[3]
         with self._lock:
-            free = next((i for i in range(MAX_SLOTS) if i not in self._clients), None)
-            if free is None:
-                conn.sendall(b"ERR no free slot\n")
-                conn.close()
-                return
-            slot = self._region.slots[free]
-            slot.gen = (slot.gen + 1) & 0xFFFFFFFF
-            slot.pid = int(hello[2])
-            # Fresh counters; one period of budget up front so the first launch does not wait.
-            slot.consumed = slot.launches = slot.blocked_ns = slot.mem_used = 0
-            instance_id = hello[3]
-            share = self._shares.get(instance_id)
-            if share is None:
-                known = self._slices.get(instance_id)
-                share = known.limit if known else 1.0
-            rate = int(share * self.capacity_per_s * (1 - HEADROOM))
-            slot.granted_at_ns = time.monotonic_ns()
-            slot.granted = int(rate * self.params.period_s)
-            slot.rate_per_s = rate
-            client = _Client(sock=conn, slot=free, pid=slot.pid, instance_id=instance_id, last_consumed=0)
-            self._clients[free] = client
-            generation = slot.gen
-        socket.send_fds(conn, [f"OK {free} {generation}\n".encode()], [self._region.fd])
+            reply = self._register(conn, pid, instance_id)
+        if reply is None:
+            conn.close()
+            return
+        client, generation = reply
+        socket.send_fds(conn, [f"OK {client.instance.slot} {generation} {client.proc}\n".encode()], [self._region.fd])
         conn.setblocking(False)
         self._selector.register(conn, selectors.EVENT_READ, client)
-        log.info("%s: instance %s (pid %d) registered in slot %d", self.gpu_uuid, instance_id, client.pid, free)
+        log.info("%s: instance %s (pid %d) registered in slot %d (process %d)", self.gpu_uuid, instance_id,
+                 pid, client.instance.slot, client.proc)
+
+    def _register(self, conn: socket.socket, pid: int, instance_id: str) -> tuple[_Client, int] | None:
+        """A process entry in its instance's slot (a new slot for the instance's first process);
+        None when the region is full (the shim is told why). Caller holds the lock."""
+        proc = next((i for i in range(MAX_PROCS) if i not in self._clients), None)
+        if proc is None:
+            conn.sendall(b"ERR no free process entry\n")
+            return None
+        key = _instance_key(instance_id, pid)
+        instance = self._instances.get(key)
+        if instance is None:
+            used = {i.slot for i in self._instances.values()}
+            free = next((i for i in range(MAX_SLOTS) if i not in used), None)
+            if free is None:
+                conn.sendall(b"ERR no free slot\n")
+                return None
+            instance = self._instances[key] = _Instance(instance_id, free)
+            self._fresh_slot(free, pid, instance_id)
+        slot = self._region.slots[instance.slot]
+        entry = self._region.procs[proc]
+        entry.mem_used = 0
+        entry.slot = instance.slot
+        entry.pid = pid
+        instance.processes.add(proc)
+        slot.processes = len(instance.processes)
+        client = self._clients[proc] = _Client(sock=conn, proc=proc, pid=pid, instance=instance)
+        return client, slot.gen
+
+    def _fresh_slot(self, index: int, pid: int, instance_id: str) -> None:
+        """Zeroed counters and one period of budget up front, so the first launch does not wait."""
+        slot = self._region.slots[index]
+        slot.gen = (slot.gen + 1) & 0xFFFFFFFF
+        slot.pid = pid
+        slot.consumed = slot.launches = slot.blocked_ns = slot.mem_used = slot.mem_returned = 0
+        slot.processes = 0
+        share = self._shares.get(instance_id)
+        if share is None:
+            known = self._slices.get(instance_id)
+            share = known.limit if known else 1.0
+        rate = int(share * self.capacity_per_s * (1 - HEADROOM))
+        slot.granted_at_ns = time.monotonic_ns()
+        slot.granted = int(rate * self.params.period_s)
+        slot.rate_per_s = rate
 
     def _client_event(self, client: _Client) -> None:
         try:
@@ -245,10 +287,25 @@ class TokenManager:
             return  # shims send nothing after HELLO; ignore
         self._selector.unregister(client.sock)
         client.sock.close()
+        instance = client.instance
         with self._lock:
-            self._clients.pop(client.slot, None)
-            self._region.slots[client.slot].pid = 0
-        log.info("%s: instance %s (pid %d) left slot %d", self.gpu_uuid, client.instance_id, client.pid, client.slot)
+            self._clients.pop(client.proc, None)
+            entry, slot = self._region.procs[client.proc], self._region.slots[instance.slot]
+            # The process is gone: what it still held goes back to the instance.
+            slot.mem_returned += entry.mem_used
+            entry.pid = 0
+            instance.processes.discard(client.proc)
+            slot.processes = len(instance.processes)
+            if not instance.processes:
+                self._instances.pop(_instance_key(instance.instance_id, client.pid), None)
+                slot.pid = 0
+        log.info("%s: instance %s (pid %d) left slot %d", self.gpu_uuid, instance.instance_id, client.pid,
+                 instance.slot)
+
+
+def _instance_key(instance_id: str, pid: int) -> str:
+    """Processes without an instance id ("-") are each their own instance."""
+    return instance_id if instance_id != "-" else f"-pid-{pid}"
 
 
 def socket_path_for(directory: Path, gpu_uuid: str) -> Path:

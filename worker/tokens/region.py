@@ -1,9 +1,11 @@
 """The shared-memory region of one GPU's token manager (mirror of shim/include/dilu_shm.h).
 
-The manager is the only writer of the header and of each slot's ``granted``, ``granted_at_ns``,
-``rate_per_s``, ``pid`` and ``gen``;
-shims only add to ``consumed``, ``launches``, ``blocked_ns`` and ``mem_used``. Aligned 8-byte
-loads and stores are atomic on the platforms Dilu runs on, so no locks cross the boundary.
+A slot is an instance (all its processes share it); a process entry is one registered process.
+The manager is the only writer of the header, of each slot's ``granted``, ``granted_at_ns``,
+``rate_per_s``, ``pid``, ``gen``, ``mem_returned`` and ``processes``, and of each process
+entry's ``pid`` and ``slot``; shims only add to ``consumed``, ``launches``, ``blocked_ns`` and
+``mem_used`` (a slot's, and their own process entry's). Aligned 8-byte loads and stores are
+atomic on the platforms Dilu runs on, so no locks cross the boundary.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ import os
 import platform
 
 MAGIC = 0x554C4944
-ABI = 2
+ABI = 3
 MAX_SLOTS = 64
+MAX_PROCS = 256
 _FUTEX_WAKE = 1
 _SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine(), 202)
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -30,11 +33,23 @@ class Header(ctypes.Structure):
 class Slot(ctypes.Structure):
     _fields_ = [("pid", ctypes.c_int32), ("gen", ctypes.c_uint32), ("granted", ctypes.c_int64),
                 ("consumed", ctypes.c_int64), ("launches", ctypes.c_int64), ("blocked_ns", ctypes.c_int64),
-                ("mem_used", ctypes.c_int64), ("rate_per_s", ctypes.c_int64), ("granted_at_ns", ctypes.c_int64)]
+                ("mem_used", ctypes.c_int64), ("rate_per_s", ctypes.c_int64), ("granted_at_ns", ctypes.c_int64),
+                ("mem_returned", ctypes.c_int64), ("processes", ctypes.c_int32), ("reserved0", ctypes.c_uint32),
+                ("reserved", ctypes.c_int64 * 6)]
+
+    @property
+    def memory_in_use(self) -> int:
+        """The instance's bytes over all its live processes."""
+        return self.mem_used - self.mem_returned
 
 
-assert ctypes.sizeof(Header) == 64 and ctypes.sizeof(Slot) == 64
-SIZE = ctypes.sizeof(Header) + MAX_SLOTS * ctypes.sizeof(Slot)
+class Proc(ctypes.Structure):
+    _fields_ = [("pid", ctypes.c_int32), ("slot", ctypes.c_uint32), ("mem_used", ctypes.c_int64)]
+
+
+assert ctypes.sizeof(Header) == 64 and ctypes.sizeof(Slot) == 128 and ctypes.sizeof(Proc) == 16
+PROCS_OFFSET = ctypes.sizeof(Header) + MAX_SLOTS * ctypes.sizeof(Slot)
+SIZE = PROCS_OFFSET + MAX_PROCS * ctypes.sizeof(Proc)
 
 
 class Region:
@@ -47,6 +62,7 @@ class Region:
         self.header = Header.from_buffer(self._map, 0)
         self.slots = [Slot.from_buffer(self._map, ctypes.sizeof(Header) + i * ctypes.sizeof(Slot))
                       for i in range(MAX_SLOTS)]
+        self.procs = [Proc.from_buffer(self._map, PROCS_OFFSET + i * ctypes.sizeof(Proc)) for i in range(MAX_PROCS)]
         self.header.abi = ABI
         self.header.slots = MAX_SLOTS
         self.header.period_us = period_us
@@ -62,6 +78,7 @@ class Region:
     def close(self) -> None:
         del self.header
         self.slots.clear()
+        self.procs.clear()
         self._map.close()
         os.close(self.fd)
 

@@ -1,7 +1,7 @@
 """Four feature extractors over one image, one function each (colour.yaml, texture.yaml,
 shape.yaml, edges.yaml name the class): small PyTorch modules, weights from fixed seeds.
 
-Input: {"image": 3 x 24 x 24 numbers}. Output: {"features": 8 numbers}.
+Input: the backbone's output, {"image": 3 x 24 x 24 numbers}. Output: {"features": 8 numbers}.
 """
 
 import torch

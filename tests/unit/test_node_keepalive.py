@@ -1,0 +1,60 @@
+"""The per-node keep-alive rule of workflows (pure), on the hand-checkable DAG of test_slack."""
+
+from __future__ import annotations
+
+import pytest
+
+from dilu.policy.node_keepalive import decide, exposed_cold_s, window_s
+from tests.unit.test_slack import SPEC, estimates
+
+pytestmark = pytest.mark.unit
+
+MiB = 2**20
+
+
+def test_exposed_cold_start_is_what_the_slack_does_not_hide() -> None:
+    # a is a root: all 0.4 s show. b and c are needed at 1 s (after a): 1.5 s loads show 0.5 s.
+    # d is needed at 3 s (after b): a 1.5 s load hides; e is needed at 4 s.
+    exposed = exposed_cold_s(SPEC, estimates({"a": 0.4, "b": 1.5, "c": 1.5, "d": 1.5, "e": 5.0}))
+    assert exposed == {"a": 0.4, "b": 0.5, "c": 0.5, "d": 0.0, "e": 1.0}
+
+
+def test_nodes_that_hide_are_released_and_exposed_ones_held_for_the_window() -> None:
+    verdicts = decide(SPEC, estimates({"a": 0.4, "b": 1.5, "c": 1.5, "d": 1.5, "e": 0.2}),
+                      {n: 256 * MiB for n in "abcde"}, gaps=[2.0, 2.5, 3.0, 2.0],
+                      ran_probability={n: 1.0 for n in "abcde"})
+    assert {n: v.verdict for n, v in verdicts.items()} == {"a": "hold", "b": "hold", "c": "hold",
+                                                            "d": "release", "e": "release"}
+    assert verdicts["a"].hold_s == 3.0          # the gap within which 90 % of the requests came
+
+
+def test_memory_outweighs_a_small_saving() -> None:
+    # 0.4 s saved per request against 64 GiB held for 3 s (price 0.01 s per GiB-s: 1.92 s).
+    verdicts = decide(SPEC, estimates({"a": 0.4}), {"a": 64 * 1024 * MiB}, gaps=[3.0, 3.0, 3.0],
+                      ran_probability={"a": 1.0})
+    assert verdicts["a"].verdict == "default" and "worth more" in verdicts["a"].reason
+    # The same node at a tenth of the memory is held.
+    cheaper = decide(SPEC, estimates({"a": 0.4}), {"a": 6 * 1024 * MiB}, gaps=[3.0, 3.0, 3.0],
+                     ran_probability={"a": 1.0})
+    assert cheaper["a"].verdict == "hold"
+
+
+def test_a_rarely_taken_branch_is_not_held() -> None:
+    # e's 5 s load shows 1 s; taken 1 time in 50, the saving (0.02 s) is below 1 GiB for 3 s (0.03 s).
+    verdicts = decide(SPEC, estimates({"e": 5.0}), {"e": 1024 * MiB}, gaps=[3.0, 3.0],
+                      ran_probability={"e": 0.02})
+    assert verdicts["e"].verdict == "default"
+    taken = decide(SPEC, estimates({"e": 5.0}), {"e": 1024 * MiB}, gaps=[3.0, 3.0], ran_probability={"e": 0.5})
+    assert taken["e"].verdict == "hold"
+
+
+def test_too_little_history_leaves_the_functions_keep_alive() -> None:
+    verdicts = decide(SPEC, estimates({"a": 0.4}), {"a": MiB}, gaps=[3.0], ran_probability={"a": 1.0})
+    assert verdicts["a"].verdict == "default" and verdicts["b"].verdict == "release"
+
+
+def test_window_is_a_quantile_of_the_gaps_and_bounded() -> None:
+    assert window_s([]) is None and window_s([1.0]) is None
+    assert window_s([1.0] * 9 + [100.0]) == 1.0            # one long pause in ten does not stretch it
+    assert window_s([1.0] * 5 + [100.0] * 5) == 100.0
+    assert window_s([5000.0, 6000.0]) == 600.0
