@@ -11,13 +11,27 @@ token manager's socket, the simulated GPU's clock).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import pwd
+import signal
 import shutil
 import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """The calling process gets SIGTERM when its parent dies: instances must not outlive a
+    worker killed with SIGKILL. Set after any credential change (which clears it)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
 
 
 @dataclass(frozen=True)

@@ -63,8 +63,17 @@ static struct {
     CUstream stream;
     int64_t tail_ns;
     int capturing;
-    int64_t captured_blocks;
+    int origin;               /* the stream whose capture this one takes part in (itself, or one it joined) */
+    cuuint64_t capture_id;
+    int64_t captured_blocks;  /* on the origin: the capture's total, over every stream that joined */
 } streams[MAX_STREAMS];
+static cuuint64_t next_capture_id = 1;
+
+/* An event remembers the capture it was recorded in, so a stream that waits on it joins that
+ * capture (how multi-stream capture forks work). */
+struct fake_event {
+    int capture_origin;   /* -1: recorded outside any capture */
+};
 static int64_t process_tail_ns;
 
 static int64_t now_ns(void) {
@@ -134,7 +143,7 @@ static CUresult run_kernel(CUstream stream, int64_t blocks) {
     pthread_mutex_lock(&lock);
     int index = stream_index(stream, 1);
     if (streams[index].capturing) {
-        streams[index].captured_blocks += blocks;
+        streams[streams[index].origin].captured_blocks += blocks;
         pthread_mutex_unlock(&lock);
         return CUDA_SUCCESS;
     }
@@ -294,6 +303,8 @@ static CUresult begin_capture(CUstream stream) {
     pthread_mutex_lock(&lock);
     int index = stream_index(stream, 1);
     streams[index].capturing = 1;
+    streams[index].origin = index;
+    streams[index].capture_id = next_capture_id++;
     streams[index].captured_blocks = 0;
     pthread_mutex_unlock(&lock);
     return CUDA_SUCCESS;
@@ -313,7 +324,11 @@ static CUresult end_capture(CUstream stream, CUgraph *graph) {
     }
     struct fake_graph *recorded = malloc(sizeof(*recorded));
     recorded->blocks = streams[index].captured_blocks;
-    streams[index].capturing = 0;
+    for (int i = 0; i < MAX_STREAMS; i++) {   /* every stream that joined leaves with it */
+        if (streams[i].capturing && streams[i].origin == index) {
+            streams[i].capturing = 0;
+        }
+    }
     pthread_mutex_unlock(&lock);
     *graph = (CUgraph)recorded;
     return CUDA_SUCCESS;
@@ -329,13 +344,81 @@ API CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsig
     *exec = (CUgraphExec)copy;
     return CUDA_SUCCESS;
 }
+API CUresult cuGraphInstantiateWithParams(CUgraphExec *exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS *params) {
+    if (exec == NULL || graph == NULL) return CUDA_ERROR_INVALID_VALUE;
+    struct fake_graph *copy = malloc(sizeof(*copy));
+    copy->blocks = ((struct fake_graph *)graph)->blocks;
+    *exec = (CUgraphExec)copy;
+    if (params != NULL) params->result_out = CUDA_GRAPH_INSTANTIATE_SUCCESS;
+    return CUDA_SUCCESS;
+}
+API CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph, CUgraphExecUpdateResultInfo *info) {
+    if (exec == NULL || graph == NULL) return CUDA_ERROR_INVALID_VALUE;
+    ((struct fake_graph *)exec)->blocks = ((struct fake_graph *)graph)->blocks;
+    if (info != NULL) info->result = CU_GRAPH_EXEC_UPDATE_SUCCESS;
+    return CUDA_SUCCESS;
+}
+
+/* ---- events, and the capture state of a stream ---- */
+API CUresult cuEventCreate(CUevent *event, unsigned int flags) {
+    (void)flags;
+    if (event == NULL) return CUDA_ERROR_INVALID_VALUE;
+    struct fake_event *created = malloc(sizeof(*created));
+    created->capture_origin = -1;
+    *event = (CUevent)created;
+    return CUDA_SUCCESS;
+}
+API CUresult cuEventDestroy_v2(CUevent event) { free(event); return CUDA_SUCCESS; }
+static CUresult event_record(CUevent event, CUstream stream) {
+    if (event == NULL) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    int index = stream_index(stream, 1);
+    ((struct fake_event *)event)->capture_origin = streams[index].capturing ? streams[index].origin : -1;
+    pthread_mutex_unlock(&lock);
+    return CUDA_SUCCESS;
+}
+API CUresult cuEventRecord(CUevent event, CUstream stream) { return event_record(event, stream); }
+API CUresult cuEventRecord_ptsz(CUevent event, CUstream stream) { return event_record(event, stream); }
+static CUresult wait_event(CUstream stream, CUevent event) {
+    if (event == NULL) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    int origin = ((struct fake_event *)event)->capture_origin;
+    int index = stream_index(stream, 1);
+    if (origin >= 0 && streams[origin].capturing && !streams[index].capturing) {
+        streams[index].capturing = 1;          /* joins the capture the event was recorded in */
+        streams[index].origin = origin;
+        streams[index].capture_id = streams[origin].capture_id;
+    }
+    pthread_mutex_unlock(&lock);
+    return CUDA_SUCCESS;
+}
+API CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int flags) { (void)flags; return wait_event(stream, event); }
+API CUresult cuStreamWaitEvent_ptsz(CUstream stream, CUevent event, unsigned int flags) { (void)flags; return wait_event(stream, event); }
+static CUresult capture_info(CUstream stream, CUstreamCaptureStatus *status, cuuint64_t *id) {
+    if (status == NULL) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    int index = stream_index(stream, 0);
+    int active = index >= 0 && streams[index].capturing;
+    *status = active ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+    if (id != NULL && active) *id = streams[index].capture_id;
+    pthread_mutex_unlock(&lock);
+    return CUDA_SUCCESS;
+}
+API CUresult cuStreamGetCaptureInfo(CUstream stream, CUstreamCaptureStatus *status, cuuint64_t *id) {
+    return capture_info(stream, status, id);
+}
+API CUresult cuStreamGetCaptureInfo_ptsz(CUstream stream, CUstreamCaptureStatus *status, cuuint64_t *id) {
+    return capture_info(stream, status, id);
+}
+
 API CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream) {
     if (exec == NULL) return CUDA_ERROR_INVALID_VALUE;
     return run_kernel(stream, ((struct fake_graph *)exec)->blocks);
 }
 API CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream) {
     __atomic_fetch_add(&dilu_fake_ptsz_calls, 1, __ATOMIC_RELAXED);
-    return cuGraphLaunch(exec, stream);
+    if (exec == NULL) return CUDA_ERROR_INVALID_VALUE;   /* not through cuGraphLaunch: the shim interposes it */
+    return run_kernel(stream, ((struct fake_graph *)exec)->blocks);
 }
 API CUresult cuGraphExecDestroy(CUgraphExec exec) { free(exec); return CUDA_SUCCESS; }
 API CUresult cuGraphDestroy(CUgraph graph) { free(graph); return CUDA_SUCCESS; }
@@ -352,8 +435,9 @@ API CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
 }
 API CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                  unsigned bz, unsigned shared, CUstream stream, void **params, void **extra) {
+    (void)bx; (void)by; (void)bz; (void)shared; (void)params; (void)extra;
     __atomic_fetch_add(&dilu_fake_ptsz_calls, 1, __ATOMIC_RELAXED);
-    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
+    return launch(f, gx, gy, gz, stream);
 }
 API CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params, void **extra) {
     (void)params; (void)extra;
@@ -361,8 +445,10 @@ API CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void *
     return launch(f, config->gridDimX, config->gridDimY, config->gridDimZ, config->hStream);
 }
 API CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **params, void **extra) {
+    (void)params; (void)extra;
     __atomic_fetch_add(&dilu_fake_ptsz_calls, 1, __ATOMIC_RELAXED);
-    return cuLaunchKernelEx(config, f, params, extra);
+    if (config == NULL) return CUDA_ERROR_INVALID_VALUE;
+    return launch(f, config->gridDimX, config->gridDimY, config->gridDimZ, config->hStream);
 }
 API CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                        unsigned by, unsigned bz, unsigned shared, CUstream stream, void **params) {
@@ -372,8 +458,9 @@ API CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, u
 API CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                             unsigned by, unsigned bz, unsigned shared, CUstream stream,
                                             void **params) {
+    (void)bx; (void)by; (void)bz; (void)shared; (void)params;
     __atomic_fetch_add(&dilu_fake_ptsz_calls, 1, __ATOMIC_RELAXED);
-    return cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params);
+    return launch(f, gx, gy, gz, stream);
 }
 
 /* ---- memory ---- */
@@ -408,23 +495,56 @@ static CUresult release(CUdeviceptr ptr) {
     pthread_mutex_unlock(&lock);
     return CUDA_SUCCESS;
 }
-API CUresult cuMemAlloc_v2(CUdeviceptr *ptr, size_t size) {
+/* Every allocation entry point ends here, never in another exported one: a call from inside
+ * this library to an exported symbol would go to whatever interposes it (the shim), twice. */
+static CUresult alloc_sized(CUdeviceptr *ptr, size_t size) {
     CUresult result = allocate(ptr, size);
     if (result == CUDA_SUCCESS) note_size(*ptr, (int64_t)size);
     return result;
 }
-API CUresult cuMemAllocManaged(CUdeviceptr *ptr, size_t size, unsigned int flags) { (void)flags; return cuMemAlloc_v2(ptr, size); }
+API CUresult cuMemAlloc_v2(CUdeviceptr *ptr, size_t size) { return alloc_sized(ptr, size); }
+API CUresult cuMemAllocManaged(CUdeviceptr *ptr, size_t size, unsigned int flags) { (void)flags; return alloc_sized(ptr, size); }
 API CUresult cuMemAllocPitch_v2(CUdeviceptr *ptr, size_t *pitch, size_t width, size_t height, unsigned int element) {
     (void)element;
     if (pitch == NULL) return CUDA_ERROR_INVALID_VALUE;
     *pitch = (width + 511) & ~(size_t)511;
-    return cuMemAlloc_v2(ptr, *pitch * height);
+    return alloc_sized(ptr, *pitch * height);
 }
-API CUresult cuMemAllocAsync(CUdeviceptr *ptr, size_t size, CUstream stream) { (void)stream; return cuMemAlloc_v2(ptr, size); }
-API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *ptr, size_t size, CUstream stream) { (void)stream; return cuMemAlloc_v2(ptr, size); }
+API CUresult cuMemAllocAsync(CUdeviceptr *ptr, size_t size, CUstream stream) { (void)stream; return alloc_sized(ptr, size); }
+API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *ptr, size_t size, CUstream stream) { (void)stream; return alloc_sized(ptr, size); }
 API CUresult cuMemFree_v2(CUdeviceptr ptr) { return release(ptr); }
 API CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream stream) { (void)stream; return release(ptr); }
 API CUresult cuMemFreeAsync_ptsz(CUdeviceptr ptr, CUstream stream) { (void)stream; return release(ptr); }
+API CUresult cuMemAllocFromPoolAsync(CUdeviceptr *ptr, size_t size, CUmemoryPool pool, CUstream stream) {
+    (void)pool; (void)stream; return alloc_sized(ptr, size);
+}
+API CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *ptr, size_t size, CUmemoryPool pool, CUstream stream) {
+    (void)pool; (void)stream; return alloc_sized(ptr, size);
+}
+/* Physical allocations of the virtual memory API: a handle is the fake address of its memory. */
+API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                         unsigned long long flags) {
+    (void)prop; (void)flags;
+    if (handle == NULL) return CUDA_ERROR_INVALID_VALUE;
+    CUdeviceptr ptr = 0;
+    CUresult result = alloc_sized(&ptr, size);
+    if (result == CUDA_SUCCESS) *handle = (CUmemGenericAllocationHandle)ptr;
+    return result;
+}
+API CUresult cuMemRelease(CUmemGenericAllocationHandle handle) { return release((CUdeviceptr)handle); }
+static cuuint64_t pool_release_threshold;
+API CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
+    (void)pool;
+    if (value == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (attr == CU_MEMPOOL_ATTR_RELEASE_THRESHOLD) pool_release_threshold = *(cuuint64_t *)value;
+    return CUDA_SUCCESS;
+}
+API CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
+    (void)pool;
+    if (value == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (attr == CU_MEMPOOL_ATTR_RELEASE_THRESHOLD) *(cuuint64_t *)value = pool_release_threshold;
+    return CUDA_SUCCESS;
+}
 API CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
     ensure_init();
     if (free_bytes == NULL || total_bytes == NULL) return CUDA_ERROR_INVALID_VALUE;
@@ -486,6 +606,13 @@ static const struct entry entries[] = {
     {"cuGraphLaunch", 10000, "cuGraphLaunch", "cuGraphLaunch_ptsz"},
     {"cuGraphExecDestroy", 10000, "cuGraphExecDestroy", NULL},
     {"cuGraphDestroy", 10000, "cuGraphDestroy", NULL},
+    {"cuGraphInstantiateWithParams", 12000, "cuGraphInstantiateWithParams", NULL},
+    {"cuGraphExecUpdate", 12000, "cuGraphExecUpdate_v2", NULL},
+    {"cuEventCreate", 2000, "cuEventCreate", NULL},
+    {"cuEventDestroy", 4000, "cuEventDestroy_v2", NULL},
+    {"cuEventRecord", 2000, "cuEventRecord", "cuEventRecord_ptsz"},
+    {"cuStreamWaitEvent", 3020, "cuStreamWaitEvent", "cuStreamWaitEvent_ptsz"},
+    {"cuStreamGetCaptureInfo", 10010, "cuStreamGetCaptureInfo", "cuStreamGetCaptureInfo_ptsz"},
     {"cuLaunchKernel", 4000, "cuLaunchKernel", "cuLaunchKernel_ptsz"},
     {"cuLaunchKernelEx", 11060, "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz"},
     {"cuLaunchCooperativeKernel", 9000, "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel_ptsz"},
@@ -496,6 +623,11 @@ static const struct entry entries[] = {
     {"cuMemFree", 3020, "cuMemFree_v2", NULL},
     {"cuMemFreeAsync", 11020, "cuMemFreeAsync", "cuMemFreeAsync_ptsz"},
     {"cuMemGetInfo", 3020, "cuMemGetInfo_v2", NULL},
+    {"cuMemCreate", 10020, "cuMemCreate", NULL},
+    {"cuMemRelease", 10020, "cuMemRelease", NULL},
+    {"cuMemAllocFromPoolAsync", 11020, "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync_ptsz"},
+    {"cuMemPoolSetAttribute", 11020, "cuMemPoolSetAttribute", NULL},
+    {"cuMemPoolGetAttribute", 11020, "cuMemPoolGetAttribute", NULL},
     {"cuGetProcAddress", 11030, "cuGetProcAddress", NULL},
     {"cuGetProcAddress", 12000, "cuGetProcAddress_v2", NULL},
     {"cuGetExportTable", 3000, "cuGetExportTable", NULL},

@@ -1,9 +1,11 @@
 /*
  * Stream-capture bookkeeping. While no capture is active (the normal case) the only cost on a
- * launch is one relaxed atomic load. During a capture, launches on the capturing stream add
- * their cost to that capture; EndCapture hands the total to the graph, Instantiate to the exec,
- * and cuGraphLaunch charges it per replay. The tables are small and only touched around
- * capture and instantiation, so one mutex is enough.
+ * launch is one relaxed atomic load. During a capture, launches on any stream taking part in it
+ * (the stream that began it, and every stream that joined it through an event: multi-stream
+ * capture) add their cost to that capture, keyed by the driver's capture id; EndCapture hands
+ * the total to the graph, every instantiation (WithFlags, WithParams) and cuGraphExecUpdate to
+ * the exec, and cuGraphLaunch charges it per replay. The tables are small and only touched
+ * around capture and instantiation, so one mutex is enough.
  */
 #include "capture.h"
 
@@ -40,23 +42,33 @@ static struct cost_entry *find(struct cost_entry *table, const void *key, int cr
     return create ? &table[(uintptr_t)key % TABLE_SIZE] : NULL; /* full: reuse a slot */
 }
 
-typedef CUresult (*is_capturing_fn)(CUstream, CUstreamCaptureStatus *);
+/* The original three-argument form: every driver since CUDA 10.1 exports it under this name. */
+typedef CUresult (*capture_info_fn)(CUstream, CUstreamCaptureStatus *, cuuint64_t *);
+
+/* The id of the capture `stream` takes part in, or 0 when it is not capturing. */
+static cuuint64_t capture_of(CUstream stream) {
+    static capture_info_fn info;
+    if (info == NULL) {
+        info = (capture_info_fn)driver_symbol("cuStreamGetCaptureInfo");
+    }
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    cuuint64_t id = 0;
+    if (info == NULL || info(stream, &status, &id) != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_ACTIVE) {
+        return 0;
+    }
+    return id != 0 ? id : (cuuint64_t)(uintptr_t)stream;
+}
 
 int capture_absorbs(CUstream stream, int64_t cost) {
     if (__atomic_load_n(&active_captures, __ATOMIC_RELAXED) == 0) {
         return 0;
     }
-    static is_capturing_fn is_capturing;
-    if (is_capturing == NULL) {
-        is_capturing = (is_capturing_fn)driver_symbol("cuStreamIsCapturing");
-    }
-    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-    if (is_capturing == NULL || is_capturing(stream, &status) != CUDA_SUCCESS ||
-        status != CU_STREAM_CAPTURE_STATUS_ACTIVE) {
+    cuuint64_t id = capture_of(stream);
+    if (id == 0) {
         return 0;
     }
     pthread_mutex_lock(&lock);
-    find(capturing, stream, 1)->cost += cost;
+    find(capturing, (const void *)(uintptr_t)id, 1)->cost += cost;
     pthread_mutex_unlock(&lock);
     return 1;
 }
@@ -71,17 +83,19 @@ int64_t graph_exec_cost(CUgraphExec exec) {
 
 static CUresult begun(CUresult result, CUstream stream) {
     if (result == CUDA_SUCCESS) {
+        cuuint64_t id = capture_of(stream);
         pthread_mutex_lock(&lock);
-        find(capturing, stream, 1)->cost = 0;
+        find(capturing, (const void *)(uintptr_t)id, 1)->cost = 0;
         pthread_mutex_unlock(&lock);
         __atomic_fetch_add(&active_captures, 1, __ATOMIC_RELAXED);
     }
     return result;
 }
 
-static CUresult ended(CUresult result, CUstream stream, CUgraph *graph) {
+/* `id`: the capture the stream took part in, asked before the driver ended it. */
+static CUresult ended(CUresult result, cuuint64_t id, CUgraph *graph) {
     pthread_mutex_lock(&lock);
-    struct cost_entry *entry = find(capturing, stream, 0);
+    struct cost_entry *entry = id != 0 ? find(capturing, (const void *)(uintptr_t)id, 0) : NULL;
     int64_t cost = entry != NULL ? entry->cost : 0;
     if (entry != NULL) {
         entry->key = NULL;
@@ -122,14 +136,32 @@ API CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, CUstreamCaptureMode m
     return real ? begun(real(stream, mode), stream) : CUDA_ERROR_NOT_SUPPORTED;
 }
 
+static CUresult end_capture(enum hook_id id, CUstream stream, CUgraph *graph) {
+    end_fn real = (end_fn)real_fn(id);
+    if (real == NULL) {
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    cuuint64_t capture = capture_of(stream);
+    return ended(real(stream, graph), capture, graph);
+}
+
 API CUresult cuStreamEndCapture(CUstream stream, CUgraph *graph) {
-    end_fn real = (end_fn)real_fn(H_END_CAPTURE);
-    return real ? ended(real(stream, graph), stream, graph) : CUDA_ERROR_NOT_SUPPORTED;
+    return end_capture(H_END_CAPTURE, stream, graph);
 }
 
 API CUresult cuStreamEndCapture_ptsz(CUstream stream, CUgraph *graph) {
-    end_fn real = (end_fn)real_fn(H_END_CAPTURE_PTSZ);
-    return real ? ended(real(stream, graph), stream, graph) : CUDA_ERROR_NOT_SUPPORTED;
+    return end_capture(H_END_CAPTURE_PTSZ, stream, graph);
+}
+
+/* An exec (new, or updated in place) runs what its graph recorded. */
+static CUresult takes_cost_of(CUresult result, CUgraphExec exec, CUgraph graph) {
+    if (result == CUDA_SUCCESS && exec != NULL) {
+        pthread_mutex_lock(&lock);
+        struct cost_entry *known = find(graphs, graph, 0);
+        find(execs, exec, 1)->cost = known != NULL ? known->cost : 0;
+        pthread_mutex_unlock(&lock);
+    }
+    return result;
 }
 
 API CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned long long flags) {
@@ -138,11 +170,35 @@ API CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsig
         return CUDA_ERROR_NOT_SUPPORTED;
     }
     CUresult result = real(exec, graph, flags);
-    if (result == CUDA_SUCCESS && exec != NULL) {
-        pthread_mutex_lock(&lock);
-        struct cost_entry *known = find(graphs, graph, 0);
-        find(execs, *exec, 1)->cost = known != NULL ? known->cost : 0;
-        pthread_mutex_unlock(&lock);
+    return takes_cost_of(result, exec != NULL ? *exec : NULL, graph);
+}
+
+typedef CUresult (*instantiate_params_fn)(CUgraphExec *, CUgraph, CUDA_GRAPH_INSTANTIATE_PARAMS *);
+typedef CUresult (*exec_update_fn)(CUgraphExec, CUgraph, CUgraphExecUpdateResultInfo *);
+
+static CUresult instantiate_with_params(enum hook_id id, CUgraphExec *exec, CUgraph graph,
+                                        CUDA_GRAPH_INSTANTIATE_PARAMS *params) {
+    instantiate_params_fn real = (instantiate_params_fn)real_fn(id);
+    if (real == NULL) {
+        return CUDA_ERROR_NOT_SUPPORTED;
     }
-    return result;
+    CUresult result = real(exec, graph, params);
+    return takes_cost_of(result, exec != NULL ? *exec : NULL, graph);
+}
+
+API CUresult cuGraphInstantiateWithParams(CUgraphExec *exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS *params) {
+    return instantiate_with_params(H_GRAPH_INSTANTIATE_WITH_PARAMS, exec, graph, params);
+}
+
+API CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *exec, CUgraph graph,
+                                               CUDA_GRAPH_INSTANTIATE_PARAMS *params) {
+    return instantiate_with_params(H_GRAPH_INSTANTIATE_WITH_PARAMS_PTSZ, exec, graph, params);
+}
+
+API CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph, CUgraphExecUpdateResultInfo *info) {
+    exec_update_fn real = (exec_update_fn)real_fn(H_GRAPH_EXEC_UPDATE_V2);
+    if (real == NULL) {
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    return takes_cost_of(real(exec, graph, info), exec, graph);
 }

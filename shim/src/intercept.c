@@ -108,6 +108,9 @@ static int hook_for_request(const char *symbol, int version, cuuint64_t flags) {
     if (strcmp(symbol, "cuStreamEndCapture") == 0) return ptds ? H_END_CAPTURE_PTSZ : H_END_CAPTURE;
     if (strcmp(symbol, "cuGraphInstantiateWithFlags") == 0) return H_GRAPH_INSTANTIATE_WITH_FLAGS;
     if (strcmp(symbol, "cuGraphInstantiate") == 0 && version >= 12000) return H_GRAPH_INSTANTIATE_WITH_FLAGS;
+    if (strcmp(symbol, "cuGraphInstantiateWithParams") == 0)
+        return ptds ? H_GRAPH_INSTANTIATE_WITH_PARAMS_PTSZ : H_GRAPH_INSTANTIATE_WITH_PARAMS;
+    if (strcmp(symbol, "cuGraphExecUpdate") == 0 && version >= 12000) return H_GRAPH_EXEC_UPDATE_V2;
     if (strcmp(symbol, "cuMemAlloc") == 0 && version >= 3020) return H_MEM_ALLOC_V2;
     if (strcmp(symbol, "cuMemAllocPitch") == 0 && version >= 3020) return H_MEM_ALLOC_PITCH_V2;
     if (strcmp(symbol, "cuMemFree") == 0 && version >= 3020) return H_MEM_FREE_V2;
@@ -115,6 +118,11 @@ static int hook_for_request(const char *symbol, int version, cuuint64_t flags) {
     if (strcmp(symbol, "cuMemAllocManaged") == 0) return H_MEM_ALLOC_MANAGED;
     if (strcmp(symbol, "cuMemAllocAsync") == 0) return ptds ? H_MEM_ALLOC_ASYNC_PTSZ : H_MEM_ALLOC_ASYNC;
     if (strcmp(symbol, "cuMemFreeAsync") == 0) return ptds ? H_MEM_FREE_ASYNC_PTSZ : H_MEM_FREE_ASYNC;
+    if (strcmp(symbol, "cuMemCreate") == 0) return H_MEM_CREATE;
+    if (strcmp(symbol, "cuMemRelease") == 0) return H_MEM_RELEASE;
+    if (strcmp(symbol, "cuMemAllocFromPoolAsync") == 0)
+        return ptds ? H_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ : H_MEM_ALLOC_FROM_POOL_ASYNC;
+    if (strcmp(symbol, "cuMemPoolSetAttribute") == 0) return H_MEM_POOL_SET_ATTRIBUTE;
     if (strcmp(symbol, "cuGetProcAddress") == 0) return version >= 12000 ? H_GET_PROC_ADDRESS_V2 : H_GET_PROC_ADDRESS;
     return -1;
 }

@@ -26,7 +26,9 @@ struct allocation {
     struct allocation *next;
 };
 
-static struct allocation *buckets[BUCKETS];
+/* Device pointers (cuMemAlloc*, pools) and physical allocations of the virtual memory API
+ * (cuMemCreate handles) are remembered apart: both are 64-bit values and could coincide. */
+static struct allocation *pointers[BUCKETS], *handles[BUCKETS];
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static int64_t used; /* bytes counted locally (no manager) */
 
@@ -38,7 +40,7 @@ static void reset_in_child(void) {
     /* A forked child owns none of its parent's device memory. */
     pthread_mutex_init(&lock, NULL);
     for (size_t i = 0; i < BUCKETS; i++) {
-        buckets[i] = NULL; /* the parent's nodes leak in the child; they are few and never freed */
+        pointers[i] = handles[i] = NULL; /* the parent's nodes leak in the child; few, never freed */
     }
     used = 0;
 }
@@ -77,7 +79,7 @@ static void unreserve(int64_t size, uint32_t counted) {
     }
 }
 
-static void remember(CUdeviceptr ptr, int64_t size, uint32_t counted) {
+static void remember(struct allocation **buckets, CUdeviceptr ptr, int64_t size, uint32_t counted) {
     struct allocation *entry = malloc(sizeof(*entry));
     if (entry == NULL) {
         return;
@@ -93,7 +95,7 @@ static void remember(CUdeviceptr ptr, int64_t size, uint32_t counted) {
 }
 
 /* Forgets an allocation and gives its bytes back to where they were counted. */
-static void forget(CUdeviceptr ptr) {
+static void forget(struct allocation **buckets, CUdeviceptr ptr) {
     int64_t size = 0;
     uint32_t counted = GATE_MEMORY_REFUSED;
     pthread_mutex_lock(&lock);
@@ -128,7 +130,7 @@ static CUresult allocated(CUresult result, CUdeviceptr *ptr, int64_t reserved, i
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
     }
-    remember(*ptr, actual, counted);
+    remember(pointers, *ptr, actual, counted);
     return result;
 }
 
@@ -186,6 +188,20 @@ static CUresult alloc_async(enum hook_id id, CUdeviceptr *ptr, size_t size, CUst
     return allocated(real(ptr, size, stream), ptr, (int64_t)size, (int64_t)size, counted);
 }
 
+static CUresult alloc_from_pool(enum hook_id id, CUdeviceptr *ptr, size_t size, CUmemoryPool pool,
+                                CUstream stream) {
+    CUresult (*real)(CUdeviceptr *, size_t, CUmemoryPool, CUstream) =
+        (CUresult(*)(CUdeviceptr *, size_t, CUmemoryPool, CUstream))real_fn(id);
+    if (real == NULL) {
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    uint32_t counted = reserve((int64_t)size);
+    if (counted == GATE_MEMORY_REFUSED) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return allocated(real(ptr, size, pool, stream), ptr, (int64_t)size, (int64_t)size, counted);
+}
+
 API CUresult cuMemAllocAsync(CUdeviceptr *ptr, size_t size, CUstream stream) {
     return alloc_async(H_MEM_ALLOC_ASYNC, ptr, size, stream);
 }
@@ -201,7 +217,7 @@ API CUresult cuMemFree_v2(CUdeviceptr ptr) {
     }
     CUresult result = real(ptr);
     if (result == CUDA_SUCCESS) {
-        forget(ptr);
+        forget(pointers, ptr);
     }
     return result;
 }
@@ -213,7 +229,7 @@ static CUresult free_async(enum hook_id id, CUdeviceptr ptr, CUstream stream) {
     }
     CUresult result = real(ptr, stream);
     if (result == CUDA_SUCCESS) {
-        forget(ptr);
+        forget(pointers, ptr);
     }
     return result;
 }
@@ -224,6 +240,69 @@ API CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream stream) {
 
 API CUresult cuMemFreeAsync_ptsz(CUdeviceptr ptr, CUstream stream) {
     return free_async(H_MEM_FREE_ASYNC_PTSZ, ptr, stream);
+}
+
+API CUresult cuMemAllocFromPoolAsync(CUdeviceptr *ptr, size_t size, CUmemoryPool pool, CUstream stream) {
+    return alloc_from_pool(H_MEM_ALLOC_FROM_POOL_ASYNC, ptr, size, pool, stream);
+}
+
+API CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *ptr, size_t size, CUmemoryPool pool, CUstream stream) {
+    return alloc_from_pool(H_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ, ptr, size, pool, stream);
+}
+
+/* The virtual memory API (PyTorch's expandable segments): cuMemCreate makes the physical
+ * memory, counted here; cuMemMap only maps it (costs nothing more), cuMemRelease gives it back. */
+API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                         unsigned long long flags) {
+    CUresult (*real)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long) =
+        (CUresult(*)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long))
+            real_fn(H_MEM_CREATE);
+    if (real == NULL) {
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    uint32_t counted = reserve((int64_t)size);
+    if (counted == GATE_MEMORY_REFUSED) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    CUresult result = real(handle, size, prop, flags);
+    if (result != CUDA_SUCCESS || handle == NULL) {
+        unreserve((int64_t)size, counted);
+        return result;
+    }
+    remember(handles, (CUdeviceptr)*handle, (int64_t)size, counted);
+    return result;
+}
+
+API CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+    CUresult (*real)(CUmemGenericAllocationHandle) = (CUresult(*)(CUmemGenericAllocationHandle))real_fn(H_MEM_RELEASE);
+    if (real == NULL) {
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    CUresult result = real(handle);
+    if (result == CUDA_SUCCESS) {
+        forget(handles, (CUdeviceptr)handle);
+    }
+    return result;
+}
+
+/* A pool keeps freed memory up to its release threshold instead of returning it; a threshold
+ * past the slice would let it hold more than the slice, so it is capped at the slice. */
+API CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
+    CUresult (*real)(CUmemoryPool, CUmemPool_attribute, void *) =
+        (CUresult(*)(CUmemoryPool, CUmemPool_attribute, void *))real_fn(H_MEM_POOL_SET_ATTRIBUTE);
+    if (real == NULL) {
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    if (attr == CU_MEMPOOL_ATTR_RELEASE_THRESHOLD && value != NULL && limited()) {
+        cuuint64_t threshold = *(cuuint64_t *)value;
+        if (threshold > (cuuint64_t)shim_cfg.memory_limit) {
+            shim_log(LOG_INFO, "pool release threshold %llu capped at the slice (%lld bytes)",
+                     (unsigned long long)threshold, (long long)shim_cfg.memory_limit);
+            threshold = (cuuint64_t)shim_cfg.memory_limit;
+        }
+        return real(pool, attr, &threshold);
+    }
+    return real(pool, attr, value);
 }
 
 API CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {

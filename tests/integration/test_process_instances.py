@@ -225,7 +225,8 @@ async def test_the_runtime_pool_grows_with_cold_starts_within_its_bounds_and_pre
     snoop = str(FIXTURE_FUNCTIONS / "snoop")
     try:
         assert backend.pool_status() == {"spares": 1, "target": 1, "min": 1, "max": 2,
-                                         "preloaded": ["wave", "no_such_module_xyz"]}
+                                         "preloaded": ["wave", "no_such_module_xyz"],
+                                         "zygote": backend.pool_status()["zygote"]}
         assert agent.describe()["runtime_pool"]["max"] == 2
         first = await agent.start_instance(make_start("i-a", snoop, handler="handler:Snoop"))
         assert backend.pool_status()["target"] == 2 and len(backend._spares) == 2
@@ -247,3 +248,47 @@ async def test_the_runtime_pool_grows_with_cold_starts_within_its_bounds_and_pre
         await async_eventually(shrunk, timeout=30, what="the pool to shrink back to its minimum")
     finally:
         await agent.shutdown()
+
+
+async def test_spares_are_forked_from_the_zygote_and_serve_like_any_instance(tmp_path: Path) -> None:
+    """Once the zygote has done its imports, new spares are its forks (they share the imports);
+    an instance in one serves with its own environment, log and cgroup, and its exit is reported
+    with the signal that ended it."""
+    limiter = CpuLimiter()
+    backend = ProcessBackend(state_dir=tmp_path, cpu=limiter, spares=1, spares_max=1, preload=("wave",))
+    info = WorkerInfo(id="w-zygote", host="test", url=None,
+                      device=DeviceInfo(kind="cpu", uuid=None, name="cpu", memory_bytes=2**33))
+    agent = WorkerAgent(info=info, backend=backend, store=MemoryStore(), logs_dir=tmp_path / "logs",
+                        health_poll_s=0.05, stop_grace_s=5)
+    snoop = str(FIXTURE_FUNCTIONS / "snoop")
+    try:
+        async def zygote_ready() -> bool:
+            return backend.pool_status()["zygote"] == "ready"
+
+        await async_eventually(zygote_ready, timeout=60, what="the zygote to finish its imports")
+        zygote_pid = backend._zygote.process.pid
+        await agent.start_instance(make_start("i-first", snoop, handler="handler:Snoop"))   # takes the slow spare
+        forked = backend._spares[0].process
+        assert _parent_of(forked.pid) == zygote_pid, "the spare behind it is the zygote's fork"
+        status = await agent.start_instance(make_start("i-forked", snoop, handler="handler:Snoop",
+                                                       env={"GREETING": "forked"}))
+        assert status.pid == forked.pid
+        await until_state(agent, "i-forked", "ready")
+        async with httpx.AsyncClient(base_url=status.endpoint, timeout=30) as client:
+            seen = (await client.post("/infer", json={"modules": ["wave"], "env": ["GREETING"]})).json()
+        assert seen["imported"] == {"wave": True}, "the zygote's imports are the fork's"
+        assert seen["env"] == {"GREETING": "forked"}
+        if limiter.available:
+            assert "/i-forked" in Path(f"/proc/{status.pid}/cgroup").read_text()
+        assert "ready" in (tmp_path / "logs" / "i-forked.log").read_text()
+        os.kill(status.pid, signal.SIGKILL)
+        await until_state(agent, "i-forked", "failed")
+        report = next(s for s in await agent.list_instances() if s.instance_id == "i-forked")
+        assert "signal 9" in report.error
+    finally:
+        await agent.shutdown()
+    assert forked.poll() is not None and not backend._zygote, "closing the backend ends the zygote and its forks"
+
+
+def _parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])

@@ -233,3 +233,32 @@ def test_an_instances_processes_share_one_memory_slice(manager: TokenManager, tm
     assert result["free_with_child"] == limit - limit * 6 // 10 - limit * 3 // 10
     assert result["free_after_child"] == limit - limit * 6 // 10, "an exited process's bytes go back"
     assert result["free_at_end"] == limit
+
+
+@pytest.mark.parametrize("registered", [False, True], ids=["alone", "with-manager"])
+def test_virtual_memory_and_pool_allocations_count_against_the_slice(manager: TokenManager, tmp_path: Path,
+                                                                      registered: bool) -> None:
+    limit = 10 * 2**20
+    env = client_env(tmp_path, memory_limit=limit, socket=manager.socket_path if registered else None,
+                     instance="vmm")
+    (result,) = start_client(env, "vmm", limit).lines()
+    assert result["created"] == 0 and result["free_with_handle"] == limit - limit * 6 // 10
+    assert result["second"] == result["oom"], "cuMemCreate past the slice fails as the driver fails it"
+    assert result["pooled_too_much"] == result["oom"]
+    assert result["pooled"] == 0 and result["free_with_both"] == limit - limit * 9 // 10
+    assert result["released"] == 0 and result["free_at_end"] == limit, "cuMemRelease gives the bytes back"
+    assert result["threshold"] == limit, "a pool may not keep more than the slice"
+
+
+def test_multi_stream_captures_and_updated_graphs_are_charged_in_full(manager: TokenManager, tmp_path: Path) -> None:
+    manager.set_slice("mgraphs", "batch", 1.0, 1.0)
+    go = tmp_path / "go"
+    client = start_client(client_env(tmp_path, socket=manager.socket_path, instance="mgraphs"), "multicapture", go)
+    assert client.next_line()["stage"] == "launched"
+    # 100 blocks on the stream that began the capture and 300 on the one that joined it.
+    assert manager.telemetry()["mgraphs"]["tokens"] == 400
+    go.write_text("")
+    assert client.next_line()["stage"] == "updated"
+    assert manager.telemetry()["mgraphs"]["tokens"] == 400 + 500, "an updated exec replays its new graph's cost"
+    go.write_text("")
+    client.lines()

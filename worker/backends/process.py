@@ -6,9 +6,13 @@ ports are never raced for and a dead instance's port refuses connections at once
 Spares: the backend keeps ``spares`` processes started ahead of time, with the interpreter up
 and the instance server imported, waiting on stdin for an assignment. A CPU instance whose
 environment can be applied after start-up (no ``PYTHON*`` or ``LD_*`` variables in its spec)
-takes a spare instead of a fresh process - its cold start skips about 300 ms of interpreter
-start and imports - and a new spare is started behind it. GPU instances always start fresh:
-the shim must be preloaded when the process starts.
+takes a spare instead of a fresh process - its cold start skips the interpreter's start and the
+imports (torch: seconds) - and a new spare is started behind it. New spares are forked from the
+pool's zygote (``worker.backends.zygote``), which did those imports once: a fork costs
+milliseconds and shares the imports' memory, where a fresh interpreter costs seconds of CPU
+(spares start the slow way only until the zygote is ready, or if it is gone). Spares and the
+zygote wait in the background CPU group, so refilling the pool never slows serving down. GPU
+instances always start fresh: the shim must be preloaded when the process starts.
 
 A worker running as root starts every instance (and spare) as an unprivileged user, each in a
 folder of its own (``worker.sandbox``); the instance's config travels in its environment.
@@ -17,7 +21,6 @@ folder of its own (``worker.sandbox``); the instance's config travels in its env
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import json
 import os
 import signal
@@ -35,19 +38,11 @@ from dilu.instance_protocol import InstanceConfig
 from dilu.messages import DeviceInfo, StartInstance
 from worker.cgroups import CpuLimiter, join_group, join_group_of
 from worker.backends.base import RunningInstance, endpoint_url
+from worker.backends.zygote import Zygote, ZygoteChild
 from worker.pool import PoolSizer
-from worker.sandbox import InstanceUser, Sandboxes, become
+from worker.sandbox import InstanceUser, Sandboxes, become, die_with_parent
 
-_PR_SET_PDEATHSIG = 1
 logger = logging.getLogger(__name__)
-
-
-def _die_with_parent() -> None:
-    # Instances must not outlive a worker that is killed with SIGKILL.
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
 
 
 def _child_setup(procs_file: str | None, user: InstanceUser | None):  # noqa: ANN202
@@ -55,14 +50,14 @@ def _child_setup(procs_file: str | None, user: InstanceUser | None):  # noqa: AN
         join_group(procs_file)      # while still privileged enough to write the cgroup
         if user is not None:
             become(user)
-        _die_with_parent()          # after the switch: changing credentials clears it
+        die_with_parent()           # after the switch: changing credentials clears it
 
     return setup
 
 
 @dataclass
 class _Spare:
-    process: subprocess.Popen
+    process: subprocess.Popen | ZygoteChild
     endpoint: str
     fd: int
     log_path: Path
@@ -86,6 +81,7 @@ class ProcessBackend:
         self._base_env = dict(os.environ if base_env is None else base_env)
         self._spares: list[_Spare] = []
         self._spare_count = 0
+        self._zygote = self._start_zygote() if self._pool.maximum > 0 else None
         self._refill()
 
     @property
@@ -201,9 +197,27 @@ class ProcessBackend:
 
     def pool_status(self) -> dict:
         """What ``dilu status`` shows of the runtime pool."""
+        zygote = self._zygote
         return {"spares": len([s for s in self._spares if s.process.poll() is None]),
                 "target": self._pool.target(time.monotonic()), "min": self._pool.minimum,
-                "max": self._pool.maximum, "preloaded": list(self._preload)}
+                "max": self._pool.maximum, "preloaded": list(self._preload),
+                "zygote": "off" if zygote is None or not zygote.alive else "ready" if zygote.ready else "starting"}
+
+    def _start_zygote(self) -> Zygote | None:
+        folder = self._state_dir / "logs"
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            return Zygote([self._python, "-m", "worker.instance", "--zygote"],
+                          env={**self._base_env, "PYTHONUNBUFFERED": "1", protocol.ENV_PRELOAD: ",".join(self._preload)},
+                          cwd=self._sandboxes.shared if self._sandboxes else self._state_dir,
+                          log_path=folder / f"zygote-{os.getpid()}.log",
+                          preexec_fn=_child_setup(self._background_group(), self._user))
+        except OSError as exc:
+            logger.warning("cannot start the runtime pool's zygote (spares start the slow way): %s", exc)
+            return None
+
+    def _background_group(self) -> str | None:
+        return self.cpu.background_procs_file() if self.cpu and self.cpu.available else None
 
     def _spawn_spare(self) -> _Spare:
         self._spare_count += 1
@@ -215,6 +229,11 @@ class ProcessBackend:
         listener.bind((self._host, 0))
         listener.listen(1024)
         listener.set_inheritable(True)
+        forked = self._zygote.fork(log_path, listener) if self._zygote is not None else None
+        if forked is not None:
+            port = listener.getsockname()[1]
+            listener.close()
+            return _Spare(forked, endpoint_url(self._advertise, port), -1, log_path)
         try:
             with open(log_path, "ab") as log:
                 process = subprocess.Popen(
@@ -224,8 +243,7 @@ class ProcessBackend:
                     stderr=subprocess.STDOUT, pass_fds=(listener.fileno(),), start_new_session=True,
                     # Spares import in the background group: a refill never slows serving down;
                     # an assigned spare moves to its instance's group.
-                    preexec_fn=_child_setup(self.cpu.background_procs_file() if self.cpu and self.cpu.available
-                                            else None, self._user),
+                    preexec_fn=_child_setup(self._background_group(), self._user),
                     cwd=self._sandboxes.shared if self._sandboxes else self._state_dir)
         finally:
             port = listener.getsockname()[1]
@@ -268,6 +286,9 @@ class ProcessBackend:
         self._pool = PoolSizer(0, 0)
         for spare in spares:
             _end_spare(spare)
+        if self._zygote is not None:
+            self._zygote.close()
+            self._zygote = None
         if self._sandboxes is not None:
             self._sandboxes.close()
 

@@ -3,6 +3,8 @@
 With ``--spare`` the process imports the instance server, then waits for its assignment: one JSON
 line on stdin with the config file, the environment to add and the working directory. The worker
 keeps such spares ready so that a cold start skips the interpreter's start-up and these imports.
+With ``--zygote`` it imports the same once and forks spares on the worker's request
+(``worker.instance.zygote``).
 """
 
 import json
@@ -11,7 +13,7 @@ import socket
 import sys
 import time
 
-from dilu.instance_protocol import ENV_PRELOAD, InstanceEnvironment
+from dilu.instance_protocol import ENV_LISTEN_FD, ENV_PRELOAD, InstanceEnvironment
 from worker.instance.server import bind_listener, preload, serve
 
 
@@ -27,18 +29,48 @@ def _import_common(modules: str) -> None:
             print(f"dilu: spare could not preload {name}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
 
 
+def _await_assignment(listener_fd: int | None = None) -> float | None:
+    """A spare's wait: applies the assignment (environment, folder) and returns when it came;
+    None when the worker closed the pipe (the spare is not needed). ``listener_fd``: the
+    listener's number in this process, when it differs from the worker's (a forked spare)."""
+    line = sys.stdin.readline()
+    if not line:
+        return None
+    assignment = json.loads(line)
+    assigned_at = time.time()
+    os.environ.update(assignment["env"])
+    if listener_fd is not None:
+        os.environ[ENV_LISTEN_FD] = str(listener_fd)
+    os.chdir(assignment["cwd"])
+    return assigned_at
+
+
+def _serve_assignment(listener_fd: int) -> None:
+    assigned_at = _await_assignment(listener_fd)
+    if assigned_at is not None:
+        _serve(assigned_at)
+
+
 def main() -> None:
     assigned_at = None
+    if "--zygote" in sys.argv[1:]:
+        from worker.instance.zygote import ignore_interrupts, serve_forks
+
+        ignore_interrupts()
+        preload()
+        _import_common(os.environ.get(ENV_PRELOAD, ""))
+        serve_forks(socket.socket(fileno=0), _serve_assignment)
+        return
     if "--spare" in sys.argv[1:]:
         preload()
         _import_common(os.environ.get(ENV_PRELOAD, ""))
-        line = sys.stdin.readline()
-        if not line:
-            return  # the worker closed the pipe: this spare is not needed
-        assignment = json.loads(line)
-        assigned_at = time.time()
-        os.environ.update(assignment["env"])
-        os.chdir(assignment["cwd"])
+        assigned_at = _await_assignment()
+        if assigned_at is None:
+            return
+    _serve(assigned_at)
+
+
+def _serve(assigned_at: float | None) -> None:
     environment = InstanceEnvironment.from_environ()
     config = environment.config()
     if config is None or (environment.listen_fd is None and environment.listen is None):
