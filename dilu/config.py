@@ -9,6 +9,8 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+from typing import Literal
+
 from pydantic import Field, computed_field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -153,6 +155,12 @@ class WorkerSettings(CommonSettings):
     worker_name: str | None = Field(None, description="Prefix of this host's worker ids; the hostname when unset")
     fake_gpus: int = Field(0, ge=0, le=16, description="Simulated GPUs (fake driver + real shim), for machines without one")
     fake_ns_per_block: int = Field(1000, gt=0, description="Device time of one block on a simulated GPU")
+    token_feedback: bool = Field(True, description="Correct each instance's token rate from the device time NVML "
+                                                  "measures per process (closed loop); false: open-loop on the "
+                                                  "calibrated capacity")
+    token_manager: Literal["process", "thread"] = Field(
+        "process", description="Where each GPU's token manager runs: its own process (no other work can stall "
+                               "its period loop), or a thread of the worker (for comparison)")
     token_capacity: float | None = Field(
         None, gt=0, description="Blocks per second a whole GPU runs (token budget at share 1.0); "
                                 "exact for simulated GPUs, calibrate for real ones")

@@ -99,7 +99,8 @@ def _gpu_control(settings: WorkerSettings, device, run_dir: Path) -> GpuControl 
         log.warning("%s: instances on %s run without the kernel-token shim", exc, device.uuid)
         return None
     control = GpuControl(device=device, shim=shim, run_dir=run_dir,
-                         capacity_per_s=settings.token_capacity, fake_ns_per_block=settings.fake_ns_per_block)
+                         capacity_per_s=settings.token_capacity, fake_ns_per_block=settings.fake_ns_per_block,
+                         in_process=settings.token_manager == "thread", feedback=settings.token_feedback)
     control.start()
     return control
 

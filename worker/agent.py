@@ -305,8 +305,10 @@ class WorkerAgent:
             log.exception("could not publish an instance change")
 
     def describe(self) -> dict:
-        """The worker as ``/v1/info`` shows it: its identity and its runtime pool."""
-        return {**self.info.to_dict(), "runtime_pool": self._backend.pool_status()}
+        """The worker as ``/v1/info`` shows it: its identity, its runtime pool and (on a GPU) how
+        regularly its token manager runs."""
+        return {**self.info.to_dict(), "runtime_pool": self._backend.pool_status(),
+                "token_manager": self._gpu.period_stats() if self._gpu is not None else None}
 
     async def shutdown(self) -> None:
         """Stops every instance (used when the worker itself stops)."""

@@ -21,15 +21,16 @@ def healthz() -> dict[str, str]:
 
 
 async def _pools(services, workers) -> dict:  # noqa: ANN001
-    """Each live worker's runtime pool, asked of the worker itself (best effort, bounded)."""
+    """Each live worker's runtime pool and token manager timing, asked of the worker itself (best
+    effort, bounded)."""
     async def one(worker):  # noqa: ANN001, ANN202
         client = services.directory.client_for(worker.id, worker.url)
         if client is None or worker.state != "alive":
-            return worker.id, None
+            return worker.id, {}
         try:
-            return worker.id, (await asyncio.wait_for(client.info(), 2.0)).get("runtime_pool")
+            return worker.id, await asyncio.wait_for(client.info(), 2.0)
         except Exception:  # noqa: BLE001 - a slow or lost worker shows no pool
-            return worker.id, None
+            return worker.id, {}
 
     return dict(await asyncio.gather(*(one(w) for w in workers)))
 
@@ -51,7 +52,8 @@ async def status(services: ServicesDep) -> dict:
             {"id": w.id, "state": w.state, "device": w.device_kind, "device_name": w.device_name,
              "memory_bytes": w.memory_bytes, "url": w.url,
              "instances": sum(1 for i in active if i.worker_id == w.id and i.state in ACTIVE_STATES),
-             "runtime_pool": pools.get(w.id)}
+             "runtime_pool": pools.get(w.id, {}).get("runtime_pool"),
+             "token_manager": pools.get(w.id, {}).get("token_manager")}
             for w in workers
         ],
         "functions": {"total": len(functions),

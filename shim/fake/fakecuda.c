@@ -25,15 +25,14 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
+#include <signal.h>
 #include <unistd.h>
+
+#include "fakeclock.h"
 
 #define API __attribute__((visibility("default")))
 #define MAX_STREAMS 128
 
-struct device_clock {
-    int64_t busy_until_ns;
-    int64_t busy_total_ns;
-};
 
 struct fake_graph {
     int64_t blocks;
@@ -86,6 +85,32 @@ static void sleep_until(int64_t deadline) {
     struct timespec ts = {.tv_sec = deadline / 1000000000LL, .tv_nsec = deadline % 1000000000LL};
     while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
     }
+}
+
+/* This process's entry in the clock's table (claimed on first use, again after a fork): a dead
+ * process's entry is taken over. NULL when the table is full. */
+static struct fake_process_time *own_time(void) {
+    static struct fake_process_time *entry;
+    static pid_t owner;
+    pid_t pid = getpid();
+    if (entry != NULL && owner == pid) {
+        return entry;
+    }
+    entry = NULL;
+    for (int pass = 0; pass < 2 && entry == NULL; pass++) {
+        for (int i = 0; i < FAKE_CLOCK_PROCS && entry == NULL; i++) {
+            struct fake_process_time *slot = &fake.clock->processes[i];
+            int32_t seen = __atomic_load_n(&slot->pid, __ATOMIC_ACQUIRE);
+            int usable = pass == 0 ? seen == 0 : (seen != 0 && kill(seen, 0) != 0 && errno == ESRCH);
+            if (usable && __atomic_compare_exchange_n(&slot->pid, &seen, (int32_t)pid, 0, __ATOMIC_ACQ_REL,
+                                                      __ATOMIC_ACQUIRE)) {
+                __atomic_store_n(&slot->busy_ns, 0, __ATOMIC_RELEASE);
+                entry = slot;
+            }
+        }
+    }
+    owner = pid;
+    return entry;
 }
 
 static int64_t env_int(const char *name, int64_t fallback) {
@@ -160,6 +185,10 @@ static CUresult run_kernel(CUstream stream, int64_t blocks) {
     } while (!__atomic_compare_exchange_n(&fake.clock->busy_until_ns, &busy, end, 0, __ATOMIC_ACQ_REL,
                                           __ATOMIC_ACQUIRE));
     __atomic_fetch_add(&fake.clock->busy_total_ns, duration, __ATOMIC_RELAXED);
+    struct fake_process_time *mine = own_time();
+    if (mine != NULL) {
+        __atomic_fetch_add(&mine->busy_ns, duration, __ATOMIC_RELAXED);
+    }
     __atomic_fetch_add(&dilu_fake_device_ns, duration, __ATOMIC_RELAXED);
     pthread_mutex_lock(&lock);
     streams[index].tail_ns = end;

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
@@ -41,7 +42,9 @@ def browser():  # noqa: ANN201
 
 
 def _wait(driver, condition, what: str, timeout: float = 60):  # noqa: ANN001, ANN202
-    return WebDriverWait(driver, timeout, poll_frequency=0.2).until(lambda d: condition(d), message=what)
+    # The page redraws every second: an element found just before a redraw goes stale; look again.
+    return WebDriverWait(driver, timeout, poll_frequency=0.2, ignored_exceptions=(StaleElementReferenceException,)
+                         ).until(lambda d: condition(d), message=what)
 
 
 def _cell(driver, function: str, column: str) -> str:  # noqa: ANN001
@@ -101,8 +104,8 @@ def test_dashboard_shows_the_platform_live(start_platform, browser, tmp_path: Pa
     assert platform.cli("scale", "synthetic-training", "--sm-request", "0.1", "--sm-limit", "0.2").returncode == 0
     _wait(browser, lambda d: granted(d) <= 0.2 + 1e-6, "the resize to show")
 
-    events = _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#events tbody tr"), "scaling decisions")
-    assert any("synthetic-training" in row.text for row in events)
+    _wait(browser, lambda d: any("synthetic-training" in row.text
+                                 for row in d.find_elements(By.CSS_SELECTOR, "#events tbody tr")), "scaling decisions")
     Select(browser.find_element(By.ID, "log-function")).select_by_value("synthetic-training")
     _wait(browser, lambda d: "ready" in d.find_element(By.ID, "logs").text, "the instance log")
 

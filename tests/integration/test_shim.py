@@ -262,3 +262,70 @@ def test_multi_stream_captures_and_updated_graphs_are_charged_in_full(manager: T
     assert manager.telemetry()["mgraphs"]["tokens"] == 400 + 500, "an updated exec replays its new graph's cost"
     go.write_text("")
     client.lines()
+
+
+@pytest.mark.parametrize("runs_in", ["thread", "process"])
+def test_only_a_manager_in_its_own_process_survives_a_stalled_worker_interpreter(tmp_path: Path,
+                                                                                 runs_in: str) -> None:
+    """The worker's interpreter busy in one long call (its lock held): a manager thread misses
+    its heartbeat and every gate opens; a manager process keeps its period."""
+    import random
+
+    from worker.tokens.process import ManagerProcess
+
+    kind = TokenManager if runs_in == "thread" else ManagerProcess
+    manager = kind(gpu_uuid="GPU-stall", socket_path=socket_path_for(tmp_path, "GPU-stall"), capacity_per_s=CAPACITY)
+    manager.start()
+    try:
+        manager.set_slice("steady", "batch", 0.5, 0.5)
+        client = start_client(client_env(tmp_path, socket=manager.socket_path, instance="steady"),
+                              "run", 4.0, 100, 0)
+        eventually(lambda: manager.telemetry().get("steady", {}).get("launches", 0) > 0, timeout=30,
+                   what="the client to register")
+        values = [random.random() for _ in range(2_000_000)]
+        for _ in range(3):
+            sorted(values)            # one C call: this interpreter's lock is held throughout
+        (result,) = client.lines()
+        stats = manager.period_stats()
+    finally:
+        manager.stop()
+    if runs_in == "thread":
+        assert stats["stale_gaps"] >= 1 and "stopped answering" in client.stderr
+    else:
+        assert stats["stale_gaps"] == 0, stats
+        assert "stopped answering" not in client.stderr
+        assert result["share"] == pytest.approx(0.5, abs=0.05)
+
+
+@pytest.mark.parametrize("measured", [False, True], ids=["open-loop", "closed-loop"])
+def test_measured_device_time_makes_shares_hold_for_kernels_of_any_cost(tmp_path: Path, measured: bool) -> None:
+    """Two instances at 30/70 whose blocks cost 4:1 in device time (the light one at 70 %).
+    Open-loop, tokens (blocks) split 30/70 but device time does not; with the manager reading
+    per-process device time from (fake) NVML, each gets its share of the device's time."""
+    from worker.tokens.process import ManagerProcess
+
+    env = {"LD_LIBRARY_PATH": str(BUILD / "fake"), "DILU_FAKE_CLOCK": str(tmp_path / "clock")}
+    manager = ManagerProcess(gpu_uuid="GPU-costs", socket_path=socket_path_for(tmp_path, "GPU-costs"),
+                             capacity_per_s=CAPACITY, measure=measured, env=env)
+    manager.start()
+    try:
+        manager.set_slice("heavy", "batch", 0.3, 0.3)
+        manager.set_slice("light", "batch", 0.7, 0.7)
+        heavy = start_client(client_env(tmp_path, socket=manager.socket_path, instance="heavy",
+                                        extra={"DILU_FAKE_NS_PER_BLOCK": "4000"}), "phases", 8, 0.5, 25)
+        light = start_client(client_env(tmp_path, socket=manager.socket_path, instance="light"), "phases", 8, 0.5, 100)
+        heavy_phases = [heavy.next_line() for _ in range(6)]
+        light_phases = [light.next_line() for _ in range(6)]
+        costs = {name: view.get("ns_per_token") for name, view in manager.telemetry().items()}
+        heavy_phases += heavy.lines()
+        light_phases += light.lines()
+    finally:
+        manager.stop()
+    # The last two seconds (the loop has settled): each one's share of the device's time.
+    heavy_share = sum(p["share"] for p in heavy_phases[4:]) / 4
+    light_share = sum(p["share"] for p in light_phases[4:]) / 4
+    if measured:
+        assert heavy_share == pytest.approx(0.3, abs=0.03) and light_share == pytest.approx(0.7, abs=0.03)
+        assert costs["heavy"] == pytest.approx(4 * costs["light"], rel=0.15), costs
+    else:
+        assert abs(heavy_share - 0.3) > 0.1, "open-loop, heavy kernels take more than their share"

@@ -10,6 +10,7 @@ from dilu.messages import DeviceInfo, StartInstance
 from dilu.slices import default_slice
 from worker.shimlib import ShimPaths
 from worker.tokens.manager import TokenManager, socket_path_for
+from worker.tokens.process import ManagerProcess
 
 log = logging.getLogger(__name__)
 UNCALIBRATED_CAPACITY = 1e7
@@ -25,7 +26,8 @@ class GpuControl:
     """Owns the GPU's token manager; tells the runtime what to inject into each instance."""
 
     def __init__(self, *, device: DeviceInfo, shim: ShimPaths, run_dir: Path,
-                 capacity_per_s: float | None, fake_ns_per_block: int) -> None:
+                 capacity_per_s: float | None, fake_ns_per_block: int, in_process: bool = False,
+                 feedback: bool = True) -> None:
         self.device = device
         self.shim = shim
         self.fake_ns_per_block = fake_ns_per_block
@@ -36,9 +38,16 @@ class GpuControl:
             log.warning("DILU_TOKEN_CAPACITY is not set for %s: compute shares are approximate until it is "
                         "calibrated (bench/gpu_check.sh prints it)", device.uuid)
             capacity_per_s = UNCALIBRATED_CAPACITY
-        self.manager = TokenManager(gpu_uuid=device.uuid or f"gpu{device.index}",
-                                    socket_path=socket_path_for(run_dir, device.uuid or "gpu"),
-                                    capacity_per_s=capacity_per_s)
+        # Its own process by default (worker.tokens.process says why), closing the loop with
+        # NVML (a simulated GPU's fake NVML reads its clock); a thread on request, open-loop.
+        gpu_uuid, socket_path = device.uuid or f"gpu{device.index}", socket_path_for(run_dir, device.uuid or "gpu")
+        self.manager: TokenManager | ManagerProcess
+        if in_process:
+            self.manager = TokenManager(gpu_uuid=gpu_uuid, socket_path=socket_path, capacity_per_s=capacity_per_s)
+        else:
+            fake_env = {"LD_LIBRARY_PATH": str(shim.fake_driver_dir), "DILU_FAKE_CLOCK": str(self.clock_file)}
+            self.manager = ManagerProcess(gpu_uuid=gpu_uuid, socket_path=socket_path, capacity_per_s=capacity_per_s,
+                                          measure=feedback, env=fake_env if device.fake else None)
 
     def start(self) -> None:
         self.clock_file.parent.mkdir(parents=True, exist_ok=True)
@@ -77,3 +86,8 @@ class GpuControl:
 
     def telemetry(self) -> dict[str, Any]:
         return self.manager.telemetry()
+
+    def period_stats(self) -> dict[str, Any]:
+        """How regularly the manager's period loop runs (``TokenManager.period_stats``)."""
+        return {"runs_in": "thread" if isinstance(self.manager, TokenManager) else "process",
+                **self.manager.period_stats()}

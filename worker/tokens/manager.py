@@ -24,11 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dilu.policy.calibration import TokenCost, observe, token_rate
 from dilu.policy.vertical import InstanceSlice, VerticalContext, VerticalParams, VerticalState, allocate
 from worker.tokens.region import ABI, MAX_PROCS, MAX_SLOTS, Region, allowed_at, rebase
 
 log = logging.getLogger(__name__)
 TELEMETRY_WINDOW_PERIODS = 200
+STATS_WINDOW_PERIODS = 2000      # the period loop's timing, over the last 10 s at 5 ms
+STALE_S = 0.1                    # the shim's default staleness limit (DILU_SHIM_STALE_MS): a longer gap opens gates
+CALIBRATE_EVERY_S = 0.2          # how often measured device time corrects each instance's cost per token
 # Budgets add up to slightly less than the device can run, so its queue drains instead of
 # backing up into launches (a saturated queue blocks launches unevenly and skews the shares).
 HEADROOM = 0.02
@@ -42,6 +46,8 @@ class _Instance:
     slot: int
     last_consumed: int = 0
     processes: set[int] = field(default_factory=set)     # process entries
+    cost: TokenCost | None = None          # device time per token, once measured (closed loop)
+    calibrated_consumed: int = 0           # tokens consumed at the last calibration
     deltas: deque = field(default_factory=lambda: deque(maxlen=TELEMETRY_WINDOW_PERIODS))
 
 
@@ -57,10 +63,16 @@ class _Client:
 
 class TokenManager:
     def __init__(self, *, gpu_uuid: str, socket_path: Path, capacity_per_s: float,
-                 params: VerticalParams | None = None) -> None:
+                 params: VerticalParams | None = None, device_time: Any = None) -> None:
+        """``device_time``: a source of measured per-process device time (``busy_shares()``, as
+        ``worker.tokens.nvml.NvmlDeviceTime``) that closes the loop; None: open-loop, every
+        token costs ``1 / capacity_per_s`` of a device-second."""
         self.gpu_uuid = gpu_uuid
         self.socket_path = Path(socket_path)
         self.capacity_per_s = capacity_per_s
+        self.default_ns_per_token = 1e9 / capacity_per_s
+        self._device_time = device_time
+        self._calibrator: threading.Thread | None = None
         self.params = params or VerticalParams()
         self._region = Region(int(self.params.period_s * 1e6))
         self._lock = threading.Lock()
@@ -75,6 +87,9 @@ class TokenManager:
         self._listener: socket.socket | None = None
         self.periods = 0
         self.events: deque[tuple[float, str]] = deque(maxlen=1000)  # (monotonic time, policy event)
+        self._lateness: deque[float] = deque(maxlen=STATS_WINDOW_PERIODS)   # s each period began late
+        self._gaps: deque[float] = deque(maxlen=STATS_WINDOW_PERIODS)       # s between heartbeats
+        self._stale_gaps = 0
 
     # ---- control API (any thread) ----
     def set_slice(self, instance_id: str, cls: str, request: float, limit: float, llm: bool = False) -> None:
@@ -91,7 +106,6 @@ class TokenManager:
         (over all its processes) and how many processes it has."""
         with self._lock:
             result: dict[str, dict[str, Any]] = {}
-            per_period = self.capacity_per_s * self.params.period_s
             for instance in self._instances.values():
                 slot = self._region.slots[instance.slot]
                 window = len(instance.deltas) or 1
@@ -104,12 +118,16 @@ class TokenManager:
                     "used_share": 0.0, "klc_ms": None, "stretch": None, "state": "idle",
                     "launches": 0, "tokens": 0, "blocked_ms": 0.0, "memory_bytes": 0, "processes": 0,
                     "batch_factor": round(self._state.batch_factor, 4)})
-                entry["used_share"] = round(entry["used_share"] + sum(instance.deltas) / (window * per_period), 4)
+                # Tokens times what each costs (measured, or the default): a share of device time.
+                ns_per_token = instance.cost.ns_per_token if instance.cost else self.default_ns_per_token
+                used = sum(instance.deltas) * ns_per_token / (window * self.params.period_s * 1e9)
+                entry["used_share"] = round(entry["used_share"] + used, 4)
                 entry["launches"] += slot.launches
                 entry["tokens"] += slot.consumed
                 entry["blocked_ms"] = round(entry["blocked_ms"] + slot.blocked_ns / 1e6, 3)
                 entry["memory_bytes"] += slot.memory_in_use
                 entry["processes"] += len(instance.processes)
+                entry["ns_per_token"] = round(instance.cost.ns_per_token if instance.cost else self.default_ns_per_token, 3)
                 entry["state"] = "waiting" if waiting else "active" if recent else entry["state"]
                 if klc is not None and klc.last_klc is not None:
                     entry["klc_ms"] = round(klc.last_klc * self.params.period_s * 1000, 1)
@@ -134,6 +152,10 @@ class TokenManager:
         self._region.refilled(time.monotonic_ns())
         self._thread = threading.Thread(target=self._run, name=f"tokens-{self.gpu_uuid}", daemon=True)
         self._thread.start()
+        if self._device_time is not None:
+            self._calibrator = threading.Thread(target=self._calibrate_loop, name=f"calibrate-{self.gpu_uuid}",
+                                                daemon=True)
+            self._calibrator.start()
         log.info("token manager for %s at %s (capacity %.0f tokens/s)", self.gpu_uuid, self.socket_path,
                  self.capacity_per_s)
 
@@ -141,6 +163,8 @@ class TokenManager:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
+        if self._calibrator is not None:
+            self._calibrator.join(5)
         for client in list(self._clients.values()):
             client.sock.close()
         self._clients.clear()
@@ -155,21 +179,43 @@ class TokenManager:
         self._region.close()
 
     # ---- the loop (manager thread only) ----
+    def period_stats(self) -> dict[str, Any]:
+        """How regularly the period loop ran lately: how late periods began (p50, p99, max, in ms),
+        the longest gap between heartbeats, and how many gaps exceeded the shim's staleness limit
+        (each would have opened the gates) since the start."""
+        with self._lock:
+            late, gaps = sorted(self._lateness), list(self._gaps)
+            stale = self._stale_gaps
+
+        def quantile(q: float) -> float:
+            return round(late[min(len(late) - 1, int(q * len(late)))] * 1000, 3) if late else 0.0
+
+        return {"periods": self.periods, "jitter_ms": {"p50": quantile(0.5), "p99": quantile(0.99),
+                                                        "max": round(late[-1] * 1000, 3) if late else 0.0},
+                "max_gap_ms": round(max(gaps, default=0.0) * 1000, 3), "stale_gaps": stale}
+
     def _run(self) -> None:
         period = self.params.period_s
         next_at = time.monotonic()
+        last_beat = next_at
         while not self._stop.is_set():
             next_at += period
             delay = next_at - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
-            else:
-                next_at = time.monotonic()  # fell behind: do not try to catch up in a burst
+            began = time.monotonic()
+            if delay <= 0:
+                next_at = began  # fell behind: do not try to catch up in a burst
             try:
                 self._serve_sockets()
-                self._period(time.monotonic())
+                self._period(began)
             except Exception:
                 log.exception("token period failed")
+            with self._lock:
+                self._lateness.append(max(0.0, began - next_at) if delay > 0 else -delay)
+                self._gaps.append(began - last_beat)
+                self._stale_gaps += began - last_beat > STALE_S
+            last_beat = began
 
     def _period(self, now: float) -> None:
         with self._lock:
@@ -192,11 +238,41 @@ class TokenManager:
                 log.info("%s: %s (batch factor %.3f)", self.gpu_uuid, event, self._state.batch_factor)
             now_ns = time.monotonic_ns()
             for instance in self._instances.values():
-                rate = int(self._shares.get(instance.instance_id, 0.0) * self.capacity_per_s * (1 - HEADROOM))
+                share = self._shares.get(instance.instance_id, 0.0)
+                rate = int(token_rate(share, instance.cost, self.default_ns_per_token) * (1 - HEADROOM))
                 # Idle instances bank at most one period of tokens; debts carry over.
                 rebase(slots[instance.slot], now_ns, rate, int(rate * self.params.period_s))
             self.periods += 1
         self._region.refilled(time.monotonic_ns())
+
+    # ---- the closed loop (its own thread: NVML calls may take milliseconds) ----
+    def _calibrate_loop(self) -> None:
+        last = time.monotonic()
+        self._device_time.busy_shares()          # starts the first interval
+        with self._lock:
+            for instance in self._instances.values():
+                instance.calibrated_consumed = self._region.slots[instance.slot].consumed
+        while not self._stop.wait(CALIBRATE_EVERY_S):
+            try:
+                shares = self._device_time.busy_shares()
+            except Exception:
+                log.exception("device time measurement failed")
+                continue
+            now = time.monotonic()
+            self._calibrate(shares, now - last)
+            last = now
+
+    def _calibrate(self, busy_by_pid: dict[int, float], interval_s: float) -> None:
+        """One interval's measurement: each instance's device share (its processes' summed) and
+        the tokens it consumed meanwhile correct its cost per token."""
+        with self._lock:
+            for instance in self._instances.values():
+                consumed = self._region.slots[instance.slot].consumed
+                tokens, instance.calibrated_consumed = consumed - instance.calibrated_consumed, consumed
+                pids = {self._clients[p].pid for p in instance.processes if p in self._clients}
+                share = sum(busy_by_pid.get(pid, 0.0) for pid in pids)
+                instance.cost = observe(instance.cost, device_share=share, interval_s=interval_s, tokens=tokens,
+                                        default_ns_per_token=self.default_ns_per_token)
 
     def _serve_sockets(self) -> None:
         for key, _ in self._selector.select(timeout=0):
@@ -271,7 +347,7 @@ class TokenManager:
         if share is None:
             known = self._slices.get(instance_id)
             share = known.limit if known else 1.0
-        rate = int(share * self.capacity_per_s * (1 - HEADROOM))
+        rate = int(token_rate(share, None, self.default_ns_per_token) * (1 - HEADROOM))
         slot.granted_at_ns = time.monotonic_ns()
         slot.granted = int(rate * self.params.period_s)
         slot.rate_per_s = rate

@@ -1,0 +1,55 @@
+"""``python -m worker.tokens``: one GPU's token manager in a process of its own (see
+``worker.tokens.process``). Ends when the worker closes the control socket on its stdin."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import os
+import socket
+from pathlib import Path
+
+from worker.tokens.manager import TokenManager
+from worker.tokens.nvml import open_device_time
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--gpu", required=True)
+    parser.add_argument("--socket", required=True)
+    parser.add_argument("--capacity", type=float, required=True)
+    parser.add_argument("--measure", action="store_true", help="close the loop with NVML's per-process device time")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        os.nice(-10)       # ahead of ordinary work on the host, when allowed (root)
+    except OSError:
+        pass
+    device_time = open_device_time(args.gpu) if args.measure else None
+    manager = TokenManager(gpu_uuid=args.gpu, socket_path=Path(args.socket), capacity_per_s=args.capacity,
+                           device_time=device_time)
+    gc.collect()
+    gc.freeze()            # what is imported stays out of every later collection: they stay short
+    manager.start()
+    control = socket.socket(fileno=0)
+    control.sendall(b"READY\n")
+    try:
+        for line in control.makefile("rb"):
+            message = json.loads(line)
+            op = message.get("op")
+            if op == "slice":
+                manager.set_slice(message["instance"], message["cls"], float(message["request"]),
+                                  float(message["limit"]), bool(message.get("llm", False)))
+            elif op == "remove":
+                manager.remove_slice(message["instance"])
+            elif op in ("telemetry", "stats"):
+                answer = manager.telemetry() if op == "telemetry" else manager.period_stats()
+                control.sendall((json.dumps(answer) + "\n").encode())
+    finally:
+        manager.stop()
+
+
+if __name__ == "__main__":
+    main()
