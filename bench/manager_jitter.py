@@ -5,8 +5,8 @@
 For each place the manager can run (a thread of the worker, which shares the interpreter with
 the gateway and the controller in `dilu up`; its own process, the default), one platform with a
 simulated GPU runs a training loop through the real shim (so gates are in use), then:
-`idle` (nothing else) and `load` (`--clients` threads invoking a CPU function as fast as the
-gateway answers). Prints, per phase, how late the 5 ms periods began (p50/p99/max over the
+`idle` (nothing else) and `load` (`--clients` threads invoking an echo function, placed on the
+same GPU, as fast as the gateway answers). Prints, per phase, how late the 5 ms periods began (p50/p99/max over the
 phase), the longest gap between heartbeats, how many gaps passed the shims' 100 ms staleness
 limit (each opens every gate), and the requests per second served. Target: p99 at most 1 ms and
 no gate opening, under load, for the default.
@@ -15,6 +15,7 @@ no gate opening, under load, for the default.
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import tempfile
 import threading
@@ -56,12 +57,20 @@ def _phase(platform: Platform, seconds: float, clients: int) -> dict:
     return {**after, "stale_gaps": after["stale_gaps"] - before["stale_gaps"], "rps": sum(served) / seconds}
 
 
+def _echo_on_the_gpu(base: Path) -> Path:
+    """The echo example with a small slice of the simulated GPU (the only device of the worker)."""
+    folder = shutil.copytree(ROOT / "examples" / "echo", base / "echo-gpu")
+    spec = folder / "model.yaml"
+    spec.write_text(spec.read_text().replace("gpu: false", "gpu: true\n  sm_request: 0.1\n  sm_limit: 0.2"))
+    return spec
+
+
 def measure(runs_in: str, seconds: float, clients: int, base: Path) -> dict[str, dict]:
     platform = Platform(base / runs_in, env={"DILU_FAKE_GPUS": "1", "DILU_TOKEN_MANAGER": runs_in,
                                              "DILU_PROFILING": "false"})
     try:
-        for spec in ("examples/synthetic-gpu/training.yaml", "examples/echo/model.yaml"):
-            done = platform.cli("deploy", "--local", str(ROOT / spec))
+        for spec in (ROOT / "examples/synthetic-gpu/training.yaml", _echo_on_the_gpu(base / runs_in)):
+            done = platform.cli("deploy", "--local", str(spec))
             assert done.returncode == 0, done.stderr
         platform.wait_ready("synthetic-training")
         platform.wait_ready("echo")

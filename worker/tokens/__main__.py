@@ -30,6 +30,7 @@ def main() -> None:
     device_time = open_device_time(args.gpu) if args.measure else None
     manager = TokenManager(gpu_uuid=args.gpu, socket_path=Path(args.socket), capacity_per_s=args.capacity,
                            device_time=device_time)
+    manager.realtime = True
     gc.collect()
     gc.freeze()            # what is imported stays out of every later collection: they stay short
     manager.start()

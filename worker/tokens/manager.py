@@ -73,6 +73,7 @@ class TokenManager:
         self.default_ns_per_token = 1e9 / capacity_per_s
         self._device_time = device_time
         self._calibrator: threading.Thread | None = None
+        self.realtime = False       # run the period loop at real-time priority (its own process sets it)
         self.params = params or VerticalParams()
         self._region = Region(int(self.params.period_s * 1e6))
         self._lock = threading.Lock()
@@ -195,6 +196,8 @@ class TokenManager:
                 "max_gap_ms": round(max(gaps, default=0.0) * 1000, 3), "stale_gaps": stale}
 
     def _run(self) -> None:
+        if self.realtime:
+            _realtime_priority()
         period = self.params.period_s
         next_at = time.monotonic()
         last_beat = next_at
@@ -377,6 +380,16 @@ class TokenManager:
                 slot.pid = 0
         log.info("%s: instance %s (pid %d) left slot %d", self.gpu_uuid, instance.instance_id, client.pid,
                  instance.slot)
+
+
+def _realtime_priority() -> None:
+    """The calling thread (the period loop) at a real-time priority, where allowed (root, or
+    CAP_SYS_NICE): it then wakes on time however busy the host's cores are. It sleeps most of
+    each period, and the kernel's real-time throttling keeps a runaway from taking a core."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
+    except (OSError, AttributeError) as exc:
+        log.info("period loop at normal priority (%s)", exc)
 
 
 def _instance_key(instance_id: str, pid: int) -> str:
