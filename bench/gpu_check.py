@@ -2,13 +2,15 @@
 
 Prints, each measured side by side in this one run:
 - overhead: a matmul loop and a ResNet-style inference loop, without the shim and with the shim
-  gated at 100 % (unlimited tokens);
-- shares: two matmul processes at 30/70 (slices pinned), achieved = co-located it/s / alone it/s;
+  gated at 100 % (unlimited tokens); the token rate each reaches (blocks per second: the spread
+  between workloads is why one capacity cannot serve them all open-loop);
+- shares: the token managers run as in production, in their own process, with ONE capacity for
+  every workload (the matmul's) and the closed loop on NVML's per-process device time. Achieved
+  share = co-located it/s / alone it/s of each process, judged against its slice (absolute, not
+  the split between the two): two matmuls at 30/70; two different models (ResNet inference at
+  30 %, matmul at 70 %); a training loop fed by a DataLoader with worker processes at 50 %;
 - latency: a ResNet-18-style latency function's p50/p99 alone, beside a training loop without
   control, and beside it with Dilu's control (latency 0.5/1.0, batch 0.5/1.0, KLC throttling).
-
-Token capacity (blocks per second of the whole GPU) is calibrated per workload from the shim's
-own counts with unlimited tokens; the value is printed (it is what DILU_TOKEN_CAPACITY wants).
 
     python bench/gpu_check.py [--seconds 10] [--smoke]      (--smoke: tiny CPU run of the harness)
 """
@@ -30,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from worker.tokens.manager import TokenManager, socket_path_for  # noqa: E402
+from worker.tokens.process import ManagerProcess  # noqa: E402
 
 SHIM = ROOT / "shim" / "build" / "libdilu_shim.so"
 WORKLOADS = ROOT / "bench" / "gpu_workloads.py"
@@ -40,10 +43,19 @@ class Check:
         self.seconds = seconds
         self.flags = ["--device", "cpu", "--small"] if smoke else []
         self.tmp = Path(tempfile.mkdtemp(prefix="dilu-gpu-check-"))
+        self.uuid = _gpu_uuid()
+        self.capacity = 0.0
 
-    def manager(self, capacity: float) -> TokenManager:
+    def manager(self, capacity: float, production: bool = True) -> TokenManager | ManagerProcess:
+        """A token manager for the GPU: as the worker runs it (own process, closed loop on NVML),
+        or a plain in-process one (the calibration runs, where tokens are unlimited)."""
         name = f"GPU-check-{time.monotonic_ns()}"
-        manager = TokenManager(gpu_uuid=name, socket_path=socket_path_for(self.tmp, name), capacity_per_s=capacity)
+        socket_path = socket_path_for(self.tmp, name)
+        if production:
+            manager = ManagerProcess(gpu_uuid=self.uuid or name, socket_path=socket_path, capacity_per_s=capacity,
+                                     measure=True)
+        else:
+            manager = TokenManager(gpu_uuid=name, socket_path=socket_path, capacity_per_s=capacity)
         manager.start()
         return manager
 
@@ -67,7 +79,7 @@ class Check:
 
     def unlimited(self, workload: list[object]) -> tuple[dict, float]:
         """Runs under the shim with unlimited tokens; returns the result and the token rate."""
-        manager = self.manager(1e15)
+        manager = self.manager(1e15, production=False)
         manager.set_slice("cal", "batch", 1.0, 1.0)
         samples: list[tuple[float, int]] = []
         done = threading.Event()
@@ -114,21 +126,42 @@ class Check:
                       "so the shares below mean nothing")
         return rates
 
-    def shares(self, capacity: float, alone: float) -> None:
-        print("== shares: two matmul processes, slices pinned at 30/70")
+    def pair(self, title: str, capacity: float, runs: list[tuple[str, list[object], float]],
+             alone: dict[str, float]) -> float:
+        """Runs the workloads together under one manager, each at its slice; prints each one's
+        achieved share (co-located it/s / alone it/s) against its slice; returns the worst error."""
         manager = self.manager(capacity or 1.0)
         try:
-            manager.set_slice("a", "batch", 0.3, 0.3)
-            manager.set_slice("b", "batch", 0.7, 0.7)
-            first = self.start(["matmul", self.seconds * 1.5], manager, "a")
-            second = self.start(["matmul", self.seconds * 1.5], manager, "b")
-            a, b = self.result(first), self.result(second)
+            for name, _, share in runs:
+                manager.set_slice(name, "batch", share, share)
+            started = [self.start(workload, manager, name) for name, workload, _ in runs]
+            results = [self.result(process) for process in started]
+            costs = {name: view.get("ns_per_token") for name, view in manager.telemetry().items()}
         finally:
             manager.stop()
-        total = a["per_s"] + b["per_s"]
-        print(f"achieved (of alone {alone:.2f} it/s): {100 * a['per_s'] / alone:6.2f} % / {100 * b['per_s'] / alone:6.2f} %"
-              f"   split of the work done: {100 * a['per_s'] / total:6.2f} / {100 * b['per_s'] / total:6.2f}"
-              f"   (target 30 / 70; error {abs(100 * a['per_s'] / total - 30):.2f} pp)")
+        worst, parts = 0.0, []
+        for (name, workload, share), result in zip(runs, results):
+            achieved = result["per_s"] / alone[str(workload[0])]
+            worst = max(worst, abs(achieved - share) * 100)
+            parts.append(f"{name} {100 * achieved:6.2f} % (slice {100 * share:.0f} %)")
+        print(f"{title:<44} " + "   ".join(parts) + f"   worst error {worst:.2f} pp")
+        if any(costs.values()):
+            print(f"{'':<44} measured ns per token: " + ", ".join(f"{k} {v:,.1f}" for k, v in costs.items() if v))
+        return worst
+
+    def shares(self, capacity: float, alone: dict[str, float]) -> None:
+        print(f"== shares: one capacity for every workload ({capacity:,.0f} tokens/s), closed loop on NVML, "
+              "absolute shares of each process's alone speed")
+        long = self.seconds * 1.5
+        alone = {**alone, "loader": self.run(["loader", self.seconds])["per_s"]}
+        worst = max(
+            self.pair("two matmuls at 30/70", capacity,
+                      [("a", ["matmul", long], 0.3), ("b", ["matmul", long], 0.7)], alone),
+            self.pair("two models: ResNet inference 30, matmul 70", capacity,
+                      [("resnet", ["resnet", long], 0.3), ("matmul", ["matmul", long], 0.7)], alone),
+            self.pair("DataLoader training (2 workers) at 50", capacity,
+                      [("loader", ["loader", long], 0.5)], alone))
+        print(f"shares within 3 pp of every slice: {'met' if worst <= 3 else 'NOT met'} (worst {worst:.2f} pp)")
 
     def latency(self) -> None:
         print("== latency function beside a training loop")
@@ -140,7 +173,7 @@ class Check:
         time.sleep(3)  # let the training loop warm up before the requests start
         uncontrolled = self.run(["latency", requests, 20])
         train_free = self.result(training)
-        manager = self.manager(train_rate or 1.0)
+        manager = self.manager(self.capacity or train_rate or 1.0)
         try:
             manager.set_slice("lat", "latency", 0.5, 1.0)
             manager.set_slice("train", "batch", 0.5, 1.0)
@@ -160,6 +193,16 @@ class Check:
               f"{controlled['p99_ms'] / uncontrolled['p99_ms']:.2f}x, controlled/alone {controlled['p99_ms'] / alone['p99_ms']:.2f}x")
 
 
+def _gpu_uuid() -> str | None:
+    """The GPU's UUID, for NVML (None without nvidia-smi: the smoke run)."""
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader"], capture_output=True,
+                              text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.split()[0] if done.returncode == 0 and done.stdout.strip() else None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0)
@@ -168,7 +211,8 @@ def main() -> None:
     check = Check(1.0 if args.smoke else args.seconds, args.smoke)
     started = time.monotonic()
     rates = check.overhead()
-    check.shares(rates["matmul"], rates["matmul_alone"])
+    check.capacity = rates["matmul"]
+    check.shares(rates["matmul"], {"matmul": rates["matmul_alone"], "resnet": rates["resnet_alone"]})
     check.latency()
     print(f"== done in {time.monotonic() - started:.0f} s")
 

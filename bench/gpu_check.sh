@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The GPU proof, in one command on a machine with an NVIDIA GPU and PyTorch (at most ~8 minutes):
-# builds the shim there, then runs bench/gpu_check.py (overhead, 30/70 shares, latency p99 alone /
-# collocated without control / collocated with Dilu's control).
+# builds the shim there, then runs bench/gpu_check.py (overhead; absolute shares under one
+# capacity with the closed loop on NVML: two matmuls at 30/70, two different models at 30/70, a
+# DataLoader-fed training loop at 50 %; latency p99 alone / collocated without control /
+# collocated with Dilu's control).
 #   bash bench/gpu_check.sh [--seconds 10]
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -3,6 +3,7 @@
     python bench/gpu_workloads.py matmul SECONDS      4096x4096 matmuls, synchronised every 10
     python bench/gpu_workloads.py resnet SECONDS      ResNet-34-style inference, batch 32 at 112 px
     python bench/gpu_workloads.py train SECONDS       ResNet-34-style training steps, batch 64
+    python bench/gpu_workloads.py loader SECONDS      the same, fed by a DataLoader with 2 worker processes
     python bench/gpu_workloads.py latency REQUESTS GAP_MS   ResNet-18-style batch-1 requests, p50/p99 latency
 
 The models are examples/resnet's (built in code, nothing downloaded).
@@ -56,9 +57,41 @@ def timed_loop(seconds: float, step, device: str, sync_every: int = 10) -> dict:
     return {"iterations": iterations, "seconds": elapsed, "per_s": iterations / elapsed}
 
 
+class _Images(torch.utils.data.Dataset):
+    """Synthetic images made on the CPU by the DataLoader's workers (forked processes of the
+    instance: under the shim they belong to the same instance)."""
+
+    def __init__(self, size: int, classes: int) -> None:
+        self.size, self.classes = size, classes
+
+    def __len__(self) -> int:
+        return 1_000_000
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        generator = torch.Generator().manual_seed(index)
+        return torch.randn(3, self.size, self.size, generator=generator), index % self.classes
+
+
+def loader_training(seconds: float, device: str, small: bool) -> dict:
+    model = models(small)[0].to(device).train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    size, classes = (16, 10) if small else (SIZE, 1000)
+    loader = iter(torch.utils.data.DataLoader(_Images(size, classes), batch_size=4 if small else 64, num_workers=2,
+                                              pin_memory=device == "cuda", persistent_workers=True))
+
+    def step() -> None:
+        images, labels = next(loader)
+        images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+        optimizer.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(model(images), labels).backward()
+        optimizer.step()
+
+    return timed_loop(seconds, step, device, sync_every=1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("workload", choices=["matmul", "resnet", "train", "latency"])
+    parser.add_argument("workload", choices=["matmul", "resnet", "train", "loader", "latency"])
     parser.add_argument("amount", type=float)
     parser.add_argument("gap_ms", type=float, nargs="?", default=20.0)
     parser.add_argument("--device", default="cuda")
@@ -93,6 +126,8 @@ def main() -> None:
             optimizer.step()
 
         result = timed_loop(args.amount, step, device, sync_every=1)
+    elif args.workload == "loader":
+        result = loader_training(args.amount, device, small)
     else:
         model = models(small)[1].to(device).eval()
         sample = torch.randn(1, 3, 16 if small else SIZE, 16 if small else SIZE, device=device)

@@ -45,8 +45,9 @@ def main() -> None:
                                   float(message["limit"]), bool(message.get("llm", False)))
             elif op == "remove":
                 manager.remove_slice(message["instance"])
-            elif op in ("telemetry", "stats"):
-                answer = manager.telemetry() if op == "telemetry" else manager.period_stats()
+            elif op in ("telemetry", "stats", "events"):
+                answer = (manager.telemetry() if op == "telemetry" else manager.period_stats() if op == "stats"
+                          else list(manager.events))
                 control.sendall((json.dumps(answer) + "\n").encode())
     finally:
         manager.stop()

@@ -9,7 +9,7 @@ answering the worker's control messages (slices, telemetry), a few per second.
 
 Control channel: a Unix socket on the process's stdin, one JSON object per line.
   worker -> manager  {"op": "slice", "instance", "cls", "request", "limit"} | {"op": "remove", "instance"}
-                     | {"op": "telemetry"} | {"op": "stats"}   (the last two are answered, in order)
+                     | {"op": "telemetry"} | {"op": "stats"} | {"op": "events"}   (these are answered, in order)
   manager -> worker  "READY\\n" once its socket listens, then one JSON line per answered request
 """
 
@@ -88,6 +88,11 @@ class ManagerProcess:
 
     def period_stats(self) -> dict[str, Any]:
         return self._ask({"op": "stats"}) or {}
+
+    @property
+    def events(self) -> list[tuple[float, str]]:
+        """The vertical policy's recent events (monotonic time in the manager's process, text)."""
+        return [tuple(event) for event in self._ask({"op": "events"}) or []]
 
     @property
     def pid(self) -> int | None:
