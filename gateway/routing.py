@@ -134,6 +134,23 @@ class RoutingTable:
         finally:
             entry.waiting -= 1
 
+    async def until_routable(self, function: str, timeout_s: float) -> bool:
+        """Waits until ``function`` has an endpoint (without queueing a request); False on the
+        deadline."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        entry = self._entry(function)
+        while not entry.endpoints:
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            try:
+                await asyncio.wait_for(entry.changed.wait(), left)
+            except TimeoutError:
+                pass
+            entry = self._entry(function)
+        return True
+
     def acquire(self, function: str, instance_id: str) -> None:
         entry = self._entry(function)
         entry.outstanding[instance_id] = entry.outstanding.get(instance_id, 0) + 1

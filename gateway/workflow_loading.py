@@ -25,6 +25,8 @@ DEFAULT_EXEC_S = 0.05     # a node of a function this gateway has not served yet
 UNKNOWN_COLD_S = 2.0      # a function version never started yet
 KEEP_AFTER_S = 0.5        # the expectation outlives the node's expected end by this much
 HISTORY = 50              # recent requests per workflow that branch probabilities and gaps come from
+LEAD_WEIGHT = 0.3         # of the newest load in the running mean of lead times
+LEAD_TIMEOUT_S = 60.0
 
 
 class WorkflowHistory:
@@ -33,6 +35,17 @@ class WorkflowHistory:
     def __init__(self) -> None:
         self._ran: dict[tuple[str, str], deque[bool]] = {}
         self._arrivals: dict[str, deque[float]] = {}
+        self._lead: dict[str, float] = {}
+
+    def loaded(self, function: str, seconds: float) -> None:
+        """A load this gateway asked for took ``seconds`` until the function could be routed to:
+        the loading stages plus what they do not cover (the controller's decision, placement,
+        the news of readiness reaching the gateway)."""
+        known = self._lead.get(function)
+        self._lead[function] = seconds if known is None else known + LEAD_WEIGHT * (seconds - known)
+
+    def lead_s(self, function: str) -> float | None:
+        return self._lead.get(function)
 
     def arrived(self, workflow: str, at: float) -> None:
         self._arrivals.setdefault(workflow, deque(maxlen=HISTORY + 1)).append(at)
@@ -59,6 +72,8 @@ def estimates(services: Any, spec: WorkflowSpec, now: float) -> dict[str, NodeEs
     for node in spec.nodes:
         entry = services.functions.get(node.function)
         cold = entry.cold_start_s if entry is not None and entry.cold_start_s is not None else UNKNOWN_COLD_S
+        lead = services.workflows.lead_s(node.function)
+        cold = max(cold, lead) if lead is not None else cold      # what loading really took, end to end
         result[node.name] = NodeEstimate(exec_s=services.latency.median_s(node.function, now) or DEFAULT_EXEC_S,
                                          cold_s=cold, warm=bool(services.routing.endpoints(node.function)))
     return result
@@ -80,9 +95,17 @@ def schedule_loads(services: Any, name: str, spec: WorkflowSpec) -> list[asyncio
         def load(function: str = function, until: float = until) -> None:
             services.activity.expect(function, until)
             services.spawn(services.demand(function))
+            if not services.routing.endpoints(function):
+                services.spawn(_measure_lead(services, function))
 
         handles.append(loop.call_later(planned.load_at_s, load))
     return handles
+
+
+async def _measure_lead(services: Any, function: str) -> None:
+    started = time.monotonic()
+    if await services.routing.until_routable(function, LEAD_TIMEOUT_S):
+        services.workflows.loaded(function, time.monotonic() - started)
 
 
 def keep_nodes(services: Any, name: str, spec: WorkflowSpec) -> dict[str, node_keepalive.NodeKeep]:
