@@ -442,6 +442,14 @@ def status() -> None:
         table.add_row(w["id"], w["state"], f"{w['device']} ({w['device_name']})",
                       f"{w['memory_bytes'] / 2**30:.1f} GiB", str(w["instances"]), pool_text)
     out.print(table)
+    for w in info["workers"]:
+        manager = w.get("token_manager")
+        if manager:
+            jitter = manager.get("jitter_ms") or {}
+            out.print(f"token manager of {w['id']} (its own {manager.get('runs_in', '?')}): periods began late by "
+                      f"p50 {jitter.get('p50', 0):.2f} / p99 {jitter.get('p99', 0):.2f} / max {jitter.get('max', 0):.2f} ms"
+                      f" lately; gaps past the shims' limit (gates opened): {manager.get('stale_gaps', 0)}",
+                      highlight=False)
     by_status = ", ".join(f"{k}: {v}" for k, v in info["functions"]["by_status"].items()) or "none"
     out.print(f"functions: {info['functions']['total']} ({by_status})   instances: {info['instances']}",
               highlight=False)

@@ -82,6 +82,9 @@ def test_dilu_scale_resizes_running_instances(start_platform) -> None:
     assert any(e["action"] == "resize" for e in platform.http.get("/v1/functions/synthetic-training/events").json())
     bad = platform.cli("scale", "synthetic-training", "--sm-request", "0.9", "--sm-limit", "0.3")
     assert bad.returncode == 1 and "sm_request must be <= sm_limit" in bad.stderr
+    # The GPU's token manager runs in a process of its own and has kept its period throughout.
+    status = platform.cli("status").stdout
+    assert "(its own process)" in status and "gates opened): 0" in status, status
 
 
 def test_a_resize_that_does_not_fit_is_refused_naming_the_gpu(start_platform) -> None:
