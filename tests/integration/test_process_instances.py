@@ -34,6 +34,12 @@ async def agent(tmp_path: Path):  # noqa: ANN201
     yield worker
     await worker.shutdown()
 
+def _cpu_agent(backend: ProcessBackend, tmp_path: Path, worker_id: str) -> WorkerAgent:
+    info = WorkerInfo(id=worker_id, host="test", url=None,
+                      device=DeviceInfo(kind="cpu", uuid=None, name="cpu", memory_bytes=2**33))
+    return WorkerAgent(info=info, backend=backend, store=MemoryStore(), logs_dir=tmp_path / "logs",
+                       health_poll_s=0.05, stop_grace_s=5)
+
 async def state_of(agent: WorkerAgent, instance_id: str) -> str:
     return next(s for s in await agent.list_instances() if s.instance_id == instance_id).state
 
@@ -187,10 +193,7 @@ async def test_a_cpu_instance_starts_in_a_spare_process_with_its_own_env_dir_and
     started behind it, and closing the backend ends the spares."""
     limiter = CpuLimiter()
     backend = ProcessBackend(state_dir=tmp_path, cpu=limiter, spares=1)
-    info = WorkerInfo(id="w-spare", host="test", url=None,
-                      device=DeviceInfo(kind="cpu", uuid=None, name="cpu", memory_bytes=2**33))
-    agent = WorkerAgent(info=info, backend=backend, store=MemoryStore(), logs_dir=tmp_path / "logs",
-                        health_poll_s=0.05, stop_grace_s=5)
+    agent = _cpu_agent(backend, tmp_path, "w-spare")
     try:
         spare_pid = backend._spares[0].process.pid
         status = await agent.start_instance(make_start("i-spare", OK, env={"GREETING": "from a spare"},
@@ -218,10 +221,7 @@ async def test_the_runtime_pool_grows_with_cold_starts_within_its_bounds_and_pre
     """Spares import the common libraries while they wait; each spare taken adds one to the pool
     for a while, never past its maximum, and the pool shrinks back once cold starts stop."""
     backend = ProcessBackend(state_dir=tmp_path, spares=1, spares_max=2, preload=("wave", "no_such_module_xyz"))
-    info = WorkerInfo(id="w-pool", host="test", url=None,
-                      device=DeviceInfo(kind="cpu", uuid=None, name="cpu", memory_bytes=2**33))
-    agent = WorkerAgent(info=info, backend=backend, store=MemoryStore(), logs_dir=tmp_path / "logs",
-                        health_poll_s=0.05, stop_grace_s=5)
+    agent = _cpu_agent(backend, tmp_path, "w-pool")
     snoop = str(FIXTURE_FUNCTIONS / "snoop")
     try:
         assert backend.pool_status() == {"spares": 1, "target": 1, "min": 1, "max": 2,
@@ -256,10 +256,7 @@ async def test_spares_are_forked_from_the_zygote_and_serve_like_any_instance(tmp
     with the signal that ended it."""
     limiter = CpuLimiter()
     backend = ProcessBackend(state_dir=tmp_path, cpu=limiter, spares=1, spares_max=1, preload=("wave",))
-    info = WorkerInfo(id="w-zygote", host="test", url=None,
-                      device=DeviceInfo(kind="cpu", uuid=None, name="cpu", memory_bytes=2**33))
-    agent = WorkerAgent(info=info, backend=backend, store=MemoryStore(), logs_dir=tmp_path / "logs",
-                        health_poll_s=0.05, stop_grace_s=5)
+    agent = _cpu_agent(backend, tmp_path, "w-zygote")
     snoop = str(FIXTURE_FUNCTIONS / "snoop")
     try:
         async def zygote_ready() -> bool:
