@@ -87,7 +87,8 @@ class ProfilingJobs:
         training = function.typed_spec.function_class == "batch"
         try:
             bundle = await self.ctx.db(repo.get_bundle_data, digest=function.bundle) if function.bundle else None
-            sample = None if training else sample_request(function.source_dir, bundle)
+            sample = None if training else sample_request(function.source_dir, bundle,
+                                                          (function.spec or {}).get("warmup"))
         except MissingSample as exc:
             await self._deployment_failed(function, str(exc))
             return

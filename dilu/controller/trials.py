@@ -43,27 +43,40 @@ class MissingSample(ValueError):
     """The function has no usable sample input to profile with; the message says what to add."""
 
 
-def sample_request(source_dir: str, bundle: bytes | None = None) -> bytes:
+def _code_file(name: str, source_dir: str, bundle: bytes | None) -> str:
+    if bundle is not None:
+        return read_member(bundle, name).decode("utf-8")
+    if source_dir:
+        return (Path(source_dir) / name).read_text(encoding="utf-8")
+    raise OSError("no code folder")
+
+
+def sample_request(source_dir: str, bundle: bytes | None = None, warmup: dict | None = None) -> bytes:
     """The function's sample input: ``request.json`` beside its spec (one JSON request body), in
-    its uploaded ``bundle`` or its local ``source_dir``.
+    its uploaded ``bundle`` or its local ``source_dir``; without one, the spec's warm-up request
+    (``warmup``: inline, or its file in the code).
 
     Raises MissingSample, naming the file and what to do, when it is missing or not JSON.
     """
     pin = "or pin the slice (resources.sm_request and resources.sm_limit) to deploy without profiling"
+    name = SAMPLE_FILE
     try:
-        if bundle is not None:
-            text = read_member(bundle, SAMPLE_FILE).decode("utf-8")
-        elif source_dir:
-            text = (Path(source_dir) / SAMPLE_FILE).read_text(encoding="utf-8")
-        else:
-            raise OSError("no code folder")
+        text = _code_file(SAMPLE_FILE, source_dir, bundle)
     except (OSError, KeyError, UnicodeDecodeError):
-        raise MissingSample(f"profiling needs a sample input: add {SAMPLE_FILE} (one JSON request body) beside "
-                            f"model.yaml, {pin}") from None
+        if warmup and warmup.get("request") is not None:
+            return json.dumps(warmup["request"]).encode()
+        try:
+            if not warmup or not warmup.get("file"):
+                raise OSError("no warm-up file")
+            name = warmup["file"]
+            text = _code_file(name, source_dir, bundle)
+        except (OSError, KeyError, UnicodeDecodeError):
+            raise MissingSample(f"profiling needs a sample input: add {SAMPLE_FILE} (one JSON request body) beside "
+                                f"model.yaml (or a warmup request to the spec), {pin}") from None
     try:
         json.loads(text)
     except ValueError as exc:
-        raise MissingSample(f"{SAMPLE_FILE} is not valid JSON ({exc}): fix it, {pin}") from None
+        raise MissingSample(f"{name} is not valid JSON ({exc}): fix it, {pin}") from None
     return text.encode()
 
 

@@ -45,3 +45,18 @@ def test_read_log_tail(tmp_path: Path) -> None:
     assert read_log_tail(log, 5) == ""
     log.write_text("".join(f"line {i}\n" for i in range(100)))
     assert read_log_tail(log, 3) == "line 97\nline 98\nline 99"
+
+
+def test_profiling_samples_fall_back_to_the_warmup_request(tmp_path: Path) -> None:
+    from dilu.controller.trials import MissingSample, sample_request
+
+    (tmp_path / "warm.json").write_text('{"from": "file"}')
+    assert sample_request(str(tmp_path), warmup={"request": {"from": "spec"}}) == b'{"from": "spec"}'
+    assert sample_request(str(tmp_path), warmup={"file": "warm.json"}) == b'{"from": "file"}'
+    (tmp_path / "request.json").write_text('{"from": "request.json"}')
+    assert sample_request(str(tmp_path), warmup={"file": "warm.json"}) == b'{"from": "request.json"}'
+    (tmp_path / "request.json").unlink()
+    with pytest.raises(MissingSample, match="or a warmup request"):
+        sample_request(str(tmp_path), warmup={"file": "missing.json"})
+    with pytest.raises(MissingSample, match="request.json"):
+        sample_request(str(tmp_path))
