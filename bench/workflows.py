@@ -1,6 +1,6 @@
 """Both example workflows through the real platform under four loading policies, side by side.
 
-    python bench/workflows.py [--requests 6] [--gap 3]
+    python bench/workflows.py [--requests 6] [--gap 4] [--workflows amber-alert,fan-in]
 
 Requests arrive every ``--gap`` seconds; every function keeps an instance 1 s after its last
 request (its own keep-alive), so between requests everything not held otherwise unloads and each
@@ -115,9 +115,16 @@ def _run(platform: Platform, functions: dict[str, list[str]], requests: int, gap
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=6, help="measured requests per workflow and policy")
-    parser.add_argument("--gap", type=float, default=3.0, help="seconds between a workflow's requests")
+    parser.add_argument("--gap", type=float, default=4.0, help="seconds between a workflow's requests")
     parser.add_argument("--warmup", type=int, default=3, help="requests before measuring (estimates, history)")
+    parser.add_argument("--workflows", default=",".join(WORKFLOWS),
+                        help="which example workflows (comma-separated; together they interleave)")
     args = parser.parse_args()
+    global WORKFLOWS
+    WORKFLOWS = tuple(w for w in args.workflows.split(",") if w)
+    unknown = set(WORKFLOWS) - {p.name for p in EXAMPLES.iterdir() if (p / "workflow.yaml").exists()}
+    if unknown or not WORKFLOWS:
+        parser.error(f"unknown workflows: {', '.join(sorted(unknown)) or '(none given)'}")
     base = Path(tempfile.mkdtemp(prefix="dilu-bench-workflows-"))
     # Fixed keep-alive (the histogram would learn the bench's rhythm and pre-warm on its own).
     common = {"DILU_PROFILING": "false", "DILU_KEEPALIVE_MIN_SAMPLES": "1000", "DILU_LOCAL_ROOTS": str(base)}
