@@ -113,6 +113,7 @@ def _run(platform: Platform, functions: dict[str, list[str]], requests: int, gap
 
 
 def main() -> None:
+    global WORKFLOWS
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=6, help="measured requests per workflow and policy")
     parser.add_argument("--gap", type=float, default=4.0, help="seconds between a workflow's requests")
@@ -120,7 +121,6 @@ def main() -> None:
     parser.add_argument("--workflows", default=",".join(WORKFLOWS),
                         help="which example workflows (comma-separated; together they interleave)")
     args = parser.parse_args()
-    global WORKFLOWS
     WORKFLOWS = tuple(w for w in args.workflows.split(",") if w)
     unknown = set(WORKFLOWS) - {p.name for p in EXAMPLES.iterdir() if (p / "workflow.yaml").exists()}
     if unknown or not WORKFLOWS:
