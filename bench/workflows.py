@@ -1,6 +1,6 @@
 """Both example workflows through the real platform under four loading policies, side by side.
 
-    python bench/workflows.py [--requests 6] [--gap 4] [--workflows amber-alert,fan-in]
+    python bench/workflows.py [--requests 6] [--gap 4] [--workflows amber-alert,fan-in] [--price 0.01]
 
 Requests arrive every ``--gap`` seconds; every function keeps an instance 1 s after its last
 request (its own keep-alive), so between requests everything not held otherwise unloads and each
@@ -118,6 +118,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=6, help="measured requests per workflow and policy")
     parser.add_argument("--gap", type=float, default=4.0, help="seconds between a workflow's requests")
     parser.add_argument("--warmup", type=int, default=3, help="requests before measuring (estimates, history)")
+    parser.add_argument("--price", type=float, default=None,
+                        help="DILU_WORKFLOW_MEMORY_PRICE for the slack policy's per-node keep-alive (default 0.01)")
     parser.add_argument("--workflows", default=",".join(WORKFLOWS),
                         help="which example workflows (comma-separated; together they interleave)")
     args = parser.parse_args()
@@ -127,7 +129,8 @@ def main() -> None:
         parser.error(f"unknown workflows: {', '.join(sorted(unknown)) or '(none given)'}")
     base = Path(tempfile.mkdtemp(prefix="dilu-bench-workflows-"))
     # Fixed keep-alive (the histogram would learn the bench's rhythm and pre-warm on its own).
-    common = {"DILU_PROFILING": "false", "DILU_KEEPALIVE_MIN_SAMPLES": "1000", "DILU_LOCAL_ROOTS": str(base)}
+    common = {"DILU_PROFILING": "false", "DILU_KEEPALIVE_MIN_SAMPLES": "1000", "DILU_LOCAL_ROOTS": str(base),
+              **({"DILU_WORKFLOW_MEMORY_PRICE": str(args.price)} if args.price is not None else {})}
     pool = {"DILU_SPARE_PRELOAD": "torch", "DILU_SPARE_PROCESSES": "2", "DILU_SPARE_MAX": "6"}
     table: dict[str, dict] = {}
 

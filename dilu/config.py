@@ -75,6 +75,9 @@ class GatewaySettings(CommonSettings):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     max_request_bytes: int = Field(10 * 1024 * 1024, gt=0, description="Largest accepted invoke body")
+    workflow_memory_price: float = Field(
+        0.01, ge=0, le=1000, description="Per-node keep-alive of workflows: seconds of one request's latency that "
+                                         "holding 1 GiB for 1 s is worth (higher: hold less, save memory)")
     grpc_port: int = Field(8001, ge=-1, le=65535, description="Port of the inference protocol's gRPC service "
                                                               "(0: any free port; -1: off)")
     local_roots: str = Field("", description="Folders (':'-separated) that deploys by local path may name; "

@@ -119,7 +119,8 @@ def keep_nodes(services: Any, name: str, spec: WorkflowSpec) -> dict[str, node_k
         entry = services.functions.get(node.function)
         memory[node.name] = int((entry.spec.get("resources") or {}).get("memory") or 0) if entry else 0
     verdicts = node_keepalive.decide(spec, estimates(services, spec, now), memory, services.workflows.gaps(name),
-                                     services.workflows.probability(name, spec))
+                                     services.workflows.probability(name, spec),
+                                     price=services.settings.workflow_memory_price)
     window = node_keepalive.window_s(services.workflows.gaps(name)) or 0.0
     for node in spec.nodes:
         verdict = verdicts[node.name]
