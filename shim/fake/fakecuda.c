@@ -34,8 +34,21 @@
 #define MAX_STREAMS 128
 
 
+#define FAKE_GRAPH_NODES 64
+
+struct fake_graph;
+struct fake_node {
+    CUgraphNodeType type;
+    unsigned grid[3];           /* kernel nodes */
+    struct fake_graph *child;   /* child-graph nodes */
+};
+
+/* A captured graph records only its total; one built node by node (cuGraphCreate,
+ * cuGraphAdd*Node) also lists its nodes, as the driver's node API reports them. */
 struct fake_graph {
     int64_t blocks;
+    size_t node_count;
+    struct fake_node nodes[FAKE_GRAPH_NODES];
 };
 
 static struct {
@@ -351,7 +364,7 @@ static CUresult end_capture(CUstream stream, CUgraph *graph) {
         pthread_mutex_unlock(&lock);
         return CUDA_ERROR_ILLEGAL_STATE;
     }
-    struct fake_graph *recorded = malloc(sizeof(*recorded));
+    struct fake_graph *recorded = calloc(1, sizeof(*recorded));
     recorded->blocks = streams[index].captured_blocks;
     for (int i = 0; i < MAX_STREAMS; i++) {   /* every stream that joined leaves with it */
         if (streams[i].capturing && streams[i].origin == index) {
@@ -373,6 +386,68 @@ API CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsig
     *exec = (CUgraphExec)copy;
     return CUDA_SUCCESS;
 }
+/* ---- graphs built node by node ---- */
+API CUresult cuGraphCreate(CUgraph *graph, unsigned int flags) {
+    (void)flags;
+    if (graph == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *graph = (CUgraph)calloc(1, sizeof(struct fake_graph));
+    return CUDA_SUCCESS;
+}
+static CUresult add_node(CUgraphNode *node, CUgraph graph, struct fake_node value, int64_t blocks) {
+    struct fake_graph *target = (struct fake_graph *)graph;
+    if (node == NULL || target == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (target->node_count >= FAKE_GRAPH_NODES) return CUDA_ERROR_OUT_OF_MEMORY;
+    target->nodes[target->node_count] = value;
+    *node = (CUgraphNode)&target->nodes[target->node_count++];
+    target->blocks += blocks;
+    return CUDA_SUCCESS;
+}
+API CUresult cuGraphAddKernelNode_v2(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t count,
+                                     const CUDA_KERNEL_NODE_PARAMS_v2 *params) {
+    (void)deps; (void)count;
+    if (params == NULL) return CUDA_ERROR_INVALID_VALUE;
+    struct fake_node value = {.type = CU_GRAPH_NODE_TYPE_KERNEL,
+                              .grid = {params->gridDimX, params->gridDimY, params->gridDimZ}};
+    return add_node(node, graph, value, (int64_t)params->gridDimX * params->gridDimY * params->gridDimZ);
+}
+API CUresult cuGraphAddChildGraphNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t count,
+                                      CUgraph child) {
+    (void)deps; (void)count;
+    if (child == NULL) return CUDA_ERROR_INVALID_VALUE;
+    struct fake_node value = {.type = CU_GRAPH_NODE_TYPE_GRAPH, .child = (struct fake_graph *)child};
+    return add_node(node, graph, value, ((struct fake_graph *)child)->blocks);
+}
+API CUresult cuGraphGetNodes(CUgraph graph, CUgraphNode *nodes, size_t *count) {
+    struct fake_graph *source = (struct fake_graph *)graph;
+    if (source == NULL || count == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (nodes != NULL) {
+        size_t n = *count < source->node_count ? *count : source->node_count;
+        for (size_t i = 0; i < n; i++) nodes[i] = (CUgraphNode)&source->nodes[i];
+    }
+    *count = source->node_count;
+    return CUDA_SUCCESS;
+}
+API CUresult cuGraphNodeGetType(CUgraphNode node, CUgraphNodeType *type) {
+    if (node == NULL || type == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *type = ((struct fake_node *)node)->type;
+    return CUDA_SUCCESS;
+}
+API CUresult cuGraphKernelNodeGetParams_v2(CUgraphNode node, CUDA_KERNEL_NODE_PARAMS_v2 *params) {
+    struct fake_node *source = (struct fake_node *)node;
+    if (source == NULL || params == NULL || source->type != CU_GRAPH_NODE_TYPE_KERNEL) return CUDA_ERROR_INVALID_VALUE;
+    memset(params, 0, sizeof(*params));
+    params->gridDimX = source->grid[0];
+    params->gridDimY = source->grid[1];
+    params->gridDimZ = source->grid[2];
+    return CUDA_SUCCESS;
+}
+API CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode node, CUgraph *graph) {
+    struct fake_node *source = (struct fake_node *)node;
+    if (source == NULL || graph == NULL || source->type != CU_GRAPH_NODE_TYPE_GRAPH) return CUDA_ERROR_INVALID_VALUE;
+    *graph = (CUgraph)source->child;
+    return CUDA_SUCCESS;
+}
+
 API CUresult cuGraphInstantiateWithParams(CUgraphExec *exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS *params) {
     if (exec == NULL || graph == NULL) return CUDA_ERROR_INVALID_VALUE;
     struct fake_graph *copy = malloc(sizeof(*copy));
@@ -636,6 +711,13 @@ static const struct entry entries[] = {
     {"cuGraphExecDestroy", 10000, "cuGraphExecDestroy", NULL},
     {"cuGraphDestroy", 10000, "cuGraphDestroy", NULL},
     {"cuGraphInstantiateWithParams", 12000, "cuGraphInstantiateWithParams", NULL},
+    {"cuGraphCreate", 10000, "cuGraphCreate", NULL},
+    {"cuGraphAddKernelNode", 12000, "cuGraphAddKernelNode_v2", NULL},
+    {"cuGraphAddChildGraphNode", 10000, "cuGraphAddChildGraphNode", NULL},
+    {"cuGraphGetNodes", 10000, "cuGraphGetNodes", NULL},
+    {"cuGraphNodeGetType", 10000, "cuGraphNodeGetType", NULL},
+    {"cuGraphKernelNodeGetParams", 12000, "cuGraphKernelNodeGetParams_v2", NULL},
+    {"cuGraphChildGraphNodeGetGraph", 10000, "cuGraphChildGraphNodeGetGraph", NULL},
     {"cuGraphExecUpdate", 12000, "cuGraphExecUpdate_v2", NULL},
     {"cuEventCreate", 2000, "cuEventCreate", NULL},
     {"cuEventDestroy", 4000, "cuEventDestroy_v2", NULL},

@@ -10,6 +10,7 @@
 #include "capture.h"
 
 #include <pthread.h>
+#include <stdlib.h>
 
 #include "log.h"
 
@@ -153,12 +154,64 @@ API CUresult cuStreamEndCapture_ptsz(CUstream stream, CUgraph *graph) {
     return end_capture(H_END_CAPTURE_PTSZ, stream, graph);
 }
 
-/* An exec (new, or updated in place) runs what its graph recorded. */
+typedef CUresult (*get_nodes_fn)(CUgraph, CUgraphNode *, size_t *);
+typedef CUresult (*node_type_fn)(CUgraphNode, CUgraphNodeType *);
+typedef CUresult (*kernel_params_fn)(CUgraphNode, CUDA_KERNEL_NODE_PARAMS_v2 *);
+typedef CUresult (*child_graph_fn)(CUgraphNode, CUgraph *);
+
+#define MAX_GRAPH_DEPTH 8
+#define MAX_NODES 4096
+
+/* The blocks of every kernel node of `graph`, child graphs included, from the driver's node API
+ * (what a graph built node by node costs; 0 when the API is missing or lists no kernels). */
+static int64_t cost_from_nodes(CUgraph graph, int depth) {
+    static get_nodes_fn get_nodes;
+    static node_type_fn node_type;
+    static kernel_params_fn kernel_params;
+    static child_graph_fn child_graph;
+    if (get_nodes == NULL) {
+        get_nodes = (get_nodes_fn)driver_symbol("cuGraphGetNodes");
+        node_type = (node_type_fn)driver_symbol("cuGraphNodeGetType");
+        kernel_params = (kernel_params_fn)driver_symbol("cuGraphKernelNodeGetParams_v2");
+        child_graph = (child_graph_fn)driver_symbol("cuGraphChildGraphNodeGetGraph");
+    }
+    size_t count = 0;
+    if (depth > MAX_GRAPH_DEPTH || get_nodes == NULL || node_type == NULL || kernel_params == NULL ||
+        get_nodes(graph, NULL, &count) != CUDA_SUCCESS || count == 0 || count > MAX_NODES) {
+        return 0;
+    }
+    CUgraphNode *nodes = calloc(count, sizeof(*nodes));
+    if (nodes == NULL || get_nodes(graph, nodes, &count) != CUDA_SUCCESS) {
+        free(nodes);
+        return 0;
+    }
+    int64_t cost = 0;
+    for (size_t i = 0; i < count; i++) {
+        CUgraphNodeType type;
+        if (node_type(nodes[i], &type) != CUDA_SUCCESS) {
+            continue;
+        }
+        CUDA_KERNEL_NODE_PARAMS_v2 params;
+        CUgraph child = NULL;
+        if (type == CU_GRAPH_NODE_TYPE_KERNEL && kernel_params(nodes[i], &params) == CUDA_SUCCESS) {
+            cost += (int64_t)params.gridDimX * params.gridDimY * params.gridDimZ;
+        } else if (type == CU_GRAPH_NODE_TYPE_GRAPH && child_graph != NULL &&
+                   child_graph(nodes[i], &child) == CUDA_SUCCESS) {
+            cost += cost_from_nodes(child, depth + 1);
+        }
+    }
+    free(nodes);
+    return cost;
+}
+
+/* An exec (new, or updated in place) runs what its graph holds: the sum over its kernel nodes
+ * where the driver lists them, else what its capture recorded. */
 static CUresult takes_cost_of(CUresult result, CUgraphExec exec, CUgraph graph) {
     if (result == CUDA_SUCCESS && exec != NULL) {
+        int64_t from_nodes = cost_from_nodes(graph, 0);
         pthread_mutex_lock(&lock);
         struct cost_entry *known = find(graphs, graph, 0);
-        find(execs, exec, 1)->cost = known != NULL ? known->cost : 0;
+        find(execs, exec, 1)->cost = from_nodes > 0 ? from_nodes : known != NULL ? known->cost : 0;
         pthread_mutex_unlock(&lock);
     }
     return result;

@@ -329,3 +329,14 @@ def test_measured_device_time_makes_shares_hold_for_kernels_of_any_cost(tmp_path
         assert costs["heavy"] == pytest.approx(4 * costs["light"], rel=0.15), costs
     else:
         assert abs(heavy_share - 0.3) > 0.1, "open-loop, heavy kernels take more than their share"
+
+
+def test_a_graph_built_node_by_node_is_charged_its_kernels(manager: TokenManager, tmp_path: Path) -> None:
+    manager.set_slice("nodes", "batch", 1.0, 1.0)
+    go = tmp_path / "go"
+    client = start_client(client_env(tmp_path, socket=manager.socket_path, instance="nodes"), "nodegraph", go)
+    assert client.next_line()["stage"] == "launched"
+    # 100 + 200 blocks in the graph and 300 in its child graph, for one replay.
+    assert manager.telemetry()["nodes"]["tokens"] == 600
+    go.write_text("")
+    client.lines()
