@@ -1,15 +1,17 @@
-"""What every CLI command shares: the consoles, the gateway client, failing with a message, and
-reading a JSON input given as text or @file."""
+"""What every CLI command shares: the consoles, the gateway client (and one call that fails the
+command with the gateway's message), failing with a message, and reading a JSON input given as
+text or @file."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
 
-from dilu.cli.client import GatewayClient
+from dilu.cli.client import CliError, GatewayClient
 from dilu.config import CliSettings
 
 out = Console()
@@ -24,6 +26,25 @@ def client(timeout: float = 30.0) -> GatewayClient:
 def fail(message: str) -> None:
     err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(1)
+
+
+def call(method: str, path: str, *, timeout: float = 30.0, **kwargs: Any) -> Any:
+    """One gateway request's JSON answer; any error (refused, unreachable, 4xx/5xx) ends the
+    command with the gateway's message."""
+    try:
+        return client(timeout).json(method, path, **kwargs)
+    except CliError as exc:
+        fail(str(exc))
+
+
+def read_file(path: Path) -> str:
+    """A text file the command was given (a spec, a workflow); fails with a message naming it."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        fail(f"{path}: no such file")
+    except (IsADirectoryError, UnicodeDecodeError, PermissionError) as exc:
+        fail(f"{path}: cannot read it ({exc})")
 
 
 def json_input(data: str) -> str:

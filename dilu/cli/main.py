@@ -14,7 +14,7 @@ import typer
 from rich.table import Table
 
 from dilu.cli.client import CliError, GatewayClient
-from dilu.cli.common import client, err, fail, json_input, out
+from dilu.cli.common import call, client, err, fail, json_input, out, read_file
 from dilu.cli.simulate import simulate
 from dilu.cli.workflow import workflow_app
 from dilu.config import AllInOneSettings, CliSettings, ControllerSettings, GatewaySettings, WorkerSettings
@@ -197,12 +197,7 @@ def deploy(
 
     The spec's folder is packed (without what its .dilignore lists) and uploaded once per content;
     a spec that names an image uploads nothing."""
-    try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        _fail(f"{file}: no such file")
-    except (IsADirectoryError, UnicodeDecodeError, PermissionError) as exc:
-        _fail(f"{file}: cannot read it ({exc})")
+    text = read_file(file)
     client = _client()
     try:
         body = {"yaml": text}
@@ -251,10 +246,7 @@ def deploy(
 @app.command("ls")
 def list_functions() -> None:
     """List functions."""
-    try:
-        functions = _client().json("GET", "/v1/functions")
-    except CliError as exc:
-        _fail(str(exc))
+    functions = call("GET", "/v1/functions")
     table = Table("NAME", "VERSION", "STATUS", "READY", "STARTING", "REQUESTS", "CLASS")
     for f in functions:
         table.add_row(f["name"], str(f["version"]), f["status"], str(f["ready_instances"]),
@@ -334,11 +326,8 @@ def logs(
     instances: Annotated[int, typer.Option(help="How many of the newest instances")] = 3,
 ) -> None:
     """Print the logs of a function's newest instances (failed ones included)."""
-    try:
-        result = _client().json("GET", f"/v1/functions/{name}/logs",
-                                params={"tail": tail, "instances": instances})
-    except CliError as exc:
-        _fail(str(exc))
+    result = call("GET", f"/v1/functions/{name}/logs",
+                  params={"tail": tail, "instances": instances})
     if not result["instances"]:
         out.print(f"{name} has no instances yet")
     for item in result["instances"]:
@@ -352,10 +341,7 @@ def logs(
 @app.command()
 def rm(name: str) -> None:
     """Delete a function and stop its instances."""
-    try:
-        _client().json("DELETE", f"/v1/functions/{name}")
-    except CliError as exc:
-        _fail(str(exc))
+    call("DELETE", f"/v1/functions/{name}")
     out.print(f"deleted {name}")
 
 
@@ -366,11 +352,8 @@ def scale(
     sm_limit: Annotated[float, typer.Option(help="Burst compute share, 0-1, >= --sm-request")],
 ) -> None:
     """Vertical scaling: resize the GPU compute slice of a function's running instances."""
-    try:
-        _client().json("PATCH", f"/v1/functions/{name}/slice",
-                       json={"sm_request": sm_request, "sm_limit": sm_limit})
-    except CliError as exc:
-        _fail(str(exc))
+    call("PATCH", f"/v1/functions/{name}/slice",
+         json={"sm_request": sm_request, "sm_limit": sm_limit})
     out.print(f"{name}: compute slice request {sm_request:g}, limit {sm_limit:g} "
               "(running instances resize within milliseconds)", highlight=False)
 
@@ -378,10 +361,7 @@ def scale(
 @app.command()
 def events(name: str, limit: Annotated[int, typer.Option()] = 50) -> None:
     """Scaling decisions for a function, with their reasons."""
-    try:
-        items = _client().json("GET", f"/v1/functions/{name}/events", params={"limit": limit})
-    except CliError as exc:
-        _fail(str(exc))
+    items = call("GET", f"/v1/functions/{name}/events", params={"limit": limit})
     for e in items:
         out.print(f"{e['at']}  {e['action']:<14} {e['reason']}", highlight=False)
 
@@ -393,10 +373,7 @@ def keys_create(
                                                                    "repeatable")],
 ) -> None:
     """Create a key and print it (this once: only its hash is stored)."""
-    try:
-        created = _client().json("POST", "/v1/keys", json={"name": name, "scopes": scope})
-    except CliError as exc:
-        _fail(str(exc))
+    created = call("POST", "/v1/keys", json={"name": name, "scopes": scope})
     out.print(created["key"], highlight=False, soft_wrap=True)
     err.print(f"key {created['id']} ({', '.join(created['scopes'])}): keep it, it is not shown again; "
               "use it with DILU_API_KEY", highlight=False)
@@ -405,10 +382,7 @@ def keys_create(
 @keys_app.command("ls")
 def keys_ls() -> None:
     """Active keys (ids, names, scopes; never the keys)."""
-    try:
-        keys = _client().json("GET", "/v1/keys")
-    except CliError as exc:
-        _fail(str(exc))
+    keys = call("GET", "/v1/keys")
     table = Table("ID", "NAME", "SCOPES", "CREATED")
     for key in keys:
         table.add_row(key["id"], key["name"], ", ".join(key["scopes"]), key["created_at"][:19])
@@ -418,20 +392,14 @@ def keys_ls() -> None:
 @keys_app.command("revoke")
 def keys_revoke(key_id: Annotated[str, typer.Argument(help="The key's id (dilu keys ls)")]) -> None:
     """Revoke a key at once."""
-    try:
-        _client().json("DELETE", f"/v1/keys/{key_id}")
-    except CliError as exc:
-        _fail(str(exc))
+    call("DELETE", f"/v1/keys/{key_id}")
     out.print(f"revoked {key_id}", highlight=False)
 
 
 @app.command()
 def status() -> None:
     """Platform status: workers, devices, functions, instances."""
-    try:
-        info: dict[str, Any] = _client().json("GET", "/v1/status")
-    except CliError as exc:
-        _fail(str(exc))
+    info: dict[str, Any] = call("GET", "/v1/status")
     out.print(f"gateway {info['gateway']}   database {info['database']}   state {info['state_store']}",
               highlight=False)
     table = Table("WORKER", "STATE", "DEVICE", "MEMORY", "INSTANCES", "RUNTIME POOL")

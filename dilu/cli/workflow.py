@@ -10,10 +10,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from dilu.cli.client import CliError
-from dilu.cli.common import client as _client
-from dilu.cli.common import err, json_input, out
-from dilu.cli.common import fail as _fail
+from dilu.cli.common import call, err, json_input, out, read_file
 
 workflow_app = typer.Typer(help="Workflows: DAGs of deployed functions.", no_args_is_help=True)
 
@@ -21,16 +18,8 @@ workflow_app = typer.Typer(help="Workflows: DAGs of deployed functions.", no_arg
 @workflow_app.command("deploy")
 def deploy(file: Annotated[Path, typer.Argument(help="workflow.yaml")]) -> None:
     """Deploy (or update) a workflow; its functions must be deployed already."""
-    try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        _fail(f"{file}: no such file")
-    except (IsADirectoryError, UnicodeDecodeError, PermissionError) as exc:
-        _fail(f"{file}: cannot read it ({exc})")
-    try:
-        workflow = _client().json("POST", "/v1/workflows", json={"yaml": text})
-    except CliError as exc:
-        _fail(str(exc))
+    text = read_file(file)
+    workflow = call("POST", "/v1/workflows", json={"yaml": text})
     out.print(f"[green]deployed[/green] workflow {workflow['name']} (version {workflow['version']}, "
               f"{workflow['nodes']} nodes)  ->  POST {workflow['invoke_url']}", highlight=False)
 
@@ -38,10 +27,7 @@ def deploy(file: Annotated[Path, typer.Argument(help="workflow.yaml")]) -> None:
 @workflow_app.command("ls")
 def list_workflows() -> None:
     """List workflows."""
-    try:
-        items = _client().json("GET", "/v1/workflows")
-    except CliError as exc:
-        _fail(str(exc))
+    items = call("GET", "/v1/workflows")
     table = Table("NAME", "VERSION", "NODES", "OUTPUT")
     for item in items:
         output = item["spec"].get("output")
@@ -53,10 +39,7 @@ def list_workflows() -> None:
 @workflow_app.command("describe")
 def describe(name: str) -> None:
     """Show a workflow's nodes, their functions, parents and conditions."""
-    try:
-        item = _client().json("GET", f"/v1/workflows/{name}")
-    except CliError as exc:
-        _fail(str(exc))
+    item = call("GET", f"/v1/workflows/{name}")
     out.print(f"{item['name']}  version {item['version']}", highlight=False)
     table = Table("NODE", "FUNCTION", "AFTER", "WHEN", "TIMEOUT")
     for node in item["spec"]["nodes"]:
@@ -77,12 +60,9 @@ def invoke(
 ) -> None:
     """Run a workflow on one JSON input and print its output."""
     data = json_input(data)
-    try:
-        result = _client(timeout).json("POST", f"/v1/workflows/{name}/invoke", content=data,
-                                       params={"timings": "true"} if timings else None,
-                                       headers={"content-type": "application/json"})
-    except CliError as exc:
-        _fail(str(exc))
+    result = call("POST", f"/v1/workflows/{name}/invoke", content=data,
+                  params={"timings": "true"} if timings else None,
+                  headers={"content-type": "application/json"}, timeout=timeout)
     if not timings:
         sys.stdout.write(json.dumps(result) + "\n")
         return
@@ -98,8 +78,5 @@ def invoke(
 @workflow_app.command("rm")
 def rm(name: str) -> None:
     """Delete a workflow (its functions stay)."""
-    try:
-        _client().json("DELETE", f"/v1/workflows/{name}")
-    except CliError as exc:
-        _fail(str(exc))
+    call("DELETE", f"/v1/workflows/{name}")
     out.print(f"deleted workflow {name}")
