@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -19,7 +18,6 @@ from sqlalchemy.orm import Session, sessionmaker
 from dilu.config import GatewaySettings
 from dilu.db import repo
 from dilu.default_impl import create_scheduler
-from dilu.policy.node_keepalive import DIRECT_QUIET_S
 from dilu.messages import READY, Endpoint, FunctionStatus, InstanceRole
 from dilu.state.base import Channel, StateStore, follow
 from gateway.auth import Authenticator
@@ -96,15 +94,14 @@ class ActivityRecorder:
 
     def release_when_idle(self, function: str, until: float) -> None:
         """Until ``until``, ``function`` may be unloaded as soon as it is idle: its loading hides in
-        a workflow's slack. Ignored while it also serves direct requests."""
-        if time.time() - self._last_direct.get(function, -math.inf) > DIRECT_QUIET_S:
-            self._release[function] = max(until, self._release.get(function, 0.0))
+        a workflow's slack. The controller ignores it while the function also serves direct
+        requests (``direct_at``, the latest over all gateways)."""
+        self._release[function] = max(until, self._release.get(function, 0.0))
 
     def started(self, function: str, direct: bool = True) -> None:
         now = time.time()
         if direct:
             self._last_direct[function] = now
-            self._release.pop(function, None)
         per_second = self._counts.setdefault(function, {})
         second = int(now)
         per_second[second] = per_second.get(second, 0) + 1

@@ -26,7 +26,7 @@ from dilu.policy.horizontal import HorizontalContext, HorizontalParams, Horizont
 from dilu.policy.horizontal import decide as decide_horizontal
 from dilu.policy.keepalive import KeepAliveParams, KeepAliveState, observe
 from dilu.policy.keepalive import decide as decide_keepalive
-from dilu.policy.node_keepalive import DIRECT_QUIET_S
+from dilu.policy.node_keepalive import releasable
 from dilu.policy.replicas import ReplicaContext, desired_instances
 
 log = logging.getLogger(__name__)
@@ -120,8 +120,7 @@ class FunctionManager:
             concurrency_per_instance=2 * spec.batching.max_batch_size, lazy_desired=lazy,
             lazy_reason=lazy_reason, keep=keep.verdict, keep_reason=keep.reason,
             expected=activity.expected_until is not None and activity.expected_until > now,
-            release_idle=(activity.release_idle_until is not None and activity.release_idle_until > now
-                          and (activity.direct_at is None or now - activity.direct_at > DIRECT_QUIET_S))))
+            release_idle=releasable(activity.release_idle_until, activity.direct_at, now)))
 
     def forget_except(self, current: set[tuple[str, int]]) -> None:
         """Drops the policy state and the profiling jobs of functions (versions) that no longer exist."""

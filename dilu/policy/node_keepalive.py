@@ -82,3 +82,10 @@ def decide(spec: WorkflowSpec, estimates: dict[str, NodeEstimate], memory_bytes:
             result[node.name] = NodeKeep("default", 0.0, shown, f"holding it ({cost:.3f}) is worth more than "
                                          f"the {saving:.3f} s it saves")
     return result
+
+
+def releasable(release_idle_until: float | None, direct_at: float | None, now: float) -> bool:
+    """Whether a function may be unloaded once idle for its workflows' sake: a gateway said so
+    lately, and no direct request (one not from a workflow) came in the last ``DIRECT_QUIET_S``."""
+    return (release_idle_until is not None and release_idle_until > now
+            and (direct_at is None or now - direct_at > DIRECT_QUIET_S))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dilu.policy.node_keepalive import decide, exposed_cold_s, window_s
+from dilu.policy.node_keepalive import decide, exposed_cold_s, releasable, window_s
 from tests.unit.test_slack import SPEC, estimates
 
 pytestmark = pytest.mark.unit
@@ -58,3 +58,15 @@ def test_window_is_a_quantile_of_the_gaps_and_bounded() -> None:
     assert window_s([1.0] * 9 + [100.0]) == 1.0            # one long pause in ten does not stretch it
     assert window_s([1.0] * 5 + [100.0] * 5) == 100.0
     assert window_s([5000.0, 6000.0]) == 600.0
+
+
+@pytest.mark.parametrize(("release_until", "direct_at", "expected"), [
+    (110.0, None, True),          # a gateway's hint, no direct traffic
+    (110.0, 30.0, True),          # the last direct request was 70 s ago
+    (110.0, 50.0, False),         # ... 50 s ago: it also serves users directly
+    (90.0, None, False),          # the hint expired
+    (None, None, False),
+])
+def test_only_workflow_only_functions_are_released(release_until: float | None, direct_at: float | None,
+                                                   expected: bool) -> None:
+    assert releasable(release_until, direct_at, now=100.0) is expected

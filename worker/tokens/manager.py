@@ -104,36 +104,28 @@ class TokenManager:
 
     def telemetry(self) -> dict[str, dict[str, Any]]:
         """Per instance: granted and used share, KLC, stretch, state, launches, waits, memory
-        (over all its processes) and how many processes it has."""
+        (over all its processes), how many processes it has and its measured cost per token."""
         with self._lock:
-            result: dict[str, dict[str, Any]] = {}
-            for instance in self._instances.values():
-                slot = self._region.slots[instance.slot]
-                window = len(instance.deltas) or 1
-                name = instance.instance_id
-                klc = self._state.klc.get(name)
-                waiting = slot.consumed > allowed_at(slot, time.monotonic_ns())
-                recent = name in self._state.last_active and time.monotonic() - self._state.last_active[name] < 0.1
-                entry = result.setdefault(name, {
-                    "granted_share": round(self._shares.get(name, 0.0), 4),
-                    "used_share": 0.0, "klc_ms": None, "stretch": None, "state": "idle",
-                    "launches": 0, "tokens": 0, "blocked_ms": 0.0, "memory_bytes": 0, "processes": 0,
-                    "batch_factor": round(self._state.batch_factor, 4)})
-                # Tokens times what each costs (measured, or the default): a share of device time.
-                ns_per_token = instance.cost.ns_per_token if instance.cost else self.default_ns_per_token
-                used = sum(instance.deltas) * ns_per_token / (window * self.params.period_s * 1e9)
-                entry["used_share"] = round(entry["used_share"] + used, 4)
-                entry["launches"] += slot.launches
-                entry["tokens"] += slot.consumed
-                entry["blocked_ms"] = round(entry["blocked_ms"] + slot.blocked_ns / 1e6, 3)
-                entry["memory_bytes"] += slot.memory_in_use
-                entry["processes"] += len(instance.processes)
-                entry["ns_per_token"] = round(instance.cost.ns_per_token if instance.cost else self.default_ns_per_token, 3)
-                entry["state"] = "waiting" if waiting else "active" if recent else entry["state"]
-                if klc is not None and klc.last_klc is not None:
-                    entry["klc_ms"] = round(klc.last_klc * self.params.period_s * 1000, 1)
-                    entry["stretch"] = round(klc.last_stretch or 1.0, 3)
-            return result
+            return {instance.instance_id: self._view(instance) for instance in self._instances.values()}
+
+    def _view(self, instance: _Instance) -> dict[str, Any]:
+        """One instance's telemetry (caller holds the lock)."""
+        slot = self._region.slots[instance.slot]
+        name = instance.instance_id
+        klc = self._state.klc.get(name)
+        ns_per_token = instance.cost.ns_per_token if instance.cost else self.default_ns_per_token
+        # Tokens times what each costs (measured, or the default): a share of device time.
+        used = sum(instance.deltas) * ns_per_token / ((len(instance.deltas) or 1) * self.params.period_s * 1e9)
+        waiting = slot.consumed > allowed_at(slot, time.monotonic_ns())
+        recent = name in self._state.last_active and time.monotonic() - self._state.last_active[name] < 0.1
+        measured_klc = klc is not None and klc.last_klc is not None
+        return {"granted_share": round(self._shares.get(name, 0.0), 4), "used_share": round(used, 4),
+                "klc_ms": round(klc.last_klc * self.params.period_s * 1000, 1) if measured_klc else None,
+                "stretch": round(klc.last_stretch or 1.0, 3) if measured_klc else None,
+                "state": "waiting" if waiting else "active" if recent else "idle",
+                "launches": slot.launches, "tokens": slot.consumed, "blocked_ms": round(slot.blocked_ns / 1e6, 3),
+                "memory_bytes": slot.memory_in_use, "processes": len(instance.processes),
+                "ns_per_token": round(ns_per_token, 3), "batch_factor": round(self._state.batch_factor, 4)}
 
     # ---- lifecycle ----
     def start(self) -> None:
