@@ -47,7 +47,7 @@ def create_backend(settings: WorkerSettings) -> RuntimeBackend:
                               advertise_host=settings.effective_advertise_host, cpu=CpuLimiter(),
                               spares=settings.spare_processes, spares_max=settings.spare_max,
                               preload=tuple(m.strip() for m in settings.spare_preload.split(",") if m.strip()),
-                              user=user)
+                              user=user, cpu_pool=False)   # each worker agent prepares the pool it needs
     if settings.runtime == "docker":
         from worker.backends.docker import DockerBackend
 

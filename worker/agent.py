@@ -102,6 +102,9 @@ class WorkerAgent:
         self._startup_timeout_s = startup_timeout_s
         self._instances: dict[str, _Instance] = {}
         self._http = httpx.AsyncClient(timeout=2.0)
+        # The runtime pool this device's instances start from (plain, or under the shim).
+        self._pool_env = gpu.injected_at_start() if gpu is not None else {}
+        backend.prepare_pool(self._pool_env)
 
     def log_path(self, instance_id: str) -> Path:
         return self._logs_dir / f"{instance_id}.log"
@@ -307,7 +310,7 @@ class WorkerAgent:
     def describe(self) -> dict:
         """The worker as ``/v1/info`` shows it: its identity, its runtime pool and (on a GPU) how
         regularly its token manager runs."""
-        return {**self.info.to_dict(), "runtime_pool": self._backend.pool_status(),
+        return {**self.info.to_dict(), "runtime_pool": self._backend.pool_status(self._pool_env),
                 "token_manager": self._gpu.period_stats() if self._gpu is not None else None}
 
     async def shutdown(self) -> None:

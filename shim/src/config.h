@@ -1,4 +1,4 @@
-/* The shim's configuration: the environment, read once at initialisation. */
+/* The shim's configuration, from the environment (config.c says when each part is read). */
 #ifndef DILU_CONFIG_H
 #define DILU_CONFIG_H
 
@@ -16,6 +16,10 @@ struct shim_config {
 
 extern struct shim_config shim_cfg;
 
+/* At load: the log level only. */
 void config_load(void);
+/* Reads the instance's part (everything else) once, on first need; every reader of those
+ * fields calls it first. Cheap after the first call. */
+void config_settle(void);
 
 #endif

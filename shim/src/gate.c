@@ -81,12 +81,13 @@ static void after_fork_in_child(void) {
     next_epoch();
     gate.warned_open = 0;
     pthread_mutex_init(&register_lock, NULL);
-    __atomic_store_n(&gate.state, shim_cfg.socket_path[0] && !shim_cfg.disabled ? GATE_UNREGISTERED : GATE_OFF,
-                     __ATOMIC_RELEASE);
+    /* Registration decides again (gating off stays off: the configuration is inherited). */
+    __atomic_store_n(&gate.state, GATE_UNREGISTERED, __ATOMIC_RELEASE);
 }
 
 void gate_init(void) {
-    gate.state = (shim_cfg.socket_path[0] && !shim_cfg.disabled) ? GATE_UNREGISTERED : GATE_OFF;
+    /* Unregistered until the first launch or allocation: only then is the configuration read
+     * (config.c says why), and registration turns the gate off if there is no manager to use. */
     pthread_atfork(NULL, NULL, after_fork_in_child);
 }
 
@@ -179,9 +180,12 @@ static void open_gate(const char *why) {
 }
 
 static void ensure_registered(int state) {
+    config_settle();
     pthread_mutex_lock(&register_lock);
     if (__atomic_load_n(&gate.state, __ATOMIC_ACQUIRE) == state) {
-        if (try_register() == 0) {
+        if (!shim_cfg.socket_path[0] || shim_cfg.disabled) {
+            __atomic_store_n(&gate.state, GATE_OFF, __ATOMIC_RELEASE);
+        } else if (try_register() == 0) {
             gate.warned_open = 0;
             __atomic_store_n(&gate.state, GATE_ACTIVE, __ATOMIC_RELEASE);
         } else if (state == GATE_UNREGISTERED) {

@@ -67,8 +67,6 @@ static void init_once(void) {
         glibc_dlsym = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.17");
     }
     gate_init();
-    shim_log(LOG_INFO, "loaded (gating %s, memory limit %lld bytes)",
-             shim_cfg.socket_path[0] && !shim_cfg.disabled ? "on" : "off", (long long)shim_cfg.memory_limit);
 }
 
 void shim_init(void) {
@@ -142,6 +140,7 @@ int hook_by_symbol(const char *symbol) {
 }
 
 __attribute__((constructor)) static void shim_constructor(void) {
-    /* Only configuration and pthread_atfork here: no CUDA, no sockets (see gate.c). */
+    /* Only the log level and pthread_atfork here: no CUDA, no sockets (see gate.c), and not the
+     * instance's configuration, which may not be set yet (config.c). */
     shim_init();
 }

@@ -50,6 +50,7 @@ __attribute__((constructor)) static void memory_init(void) {
 }
 
 static int limited(void) {
+    config_settle();
     return shim_cfg.memory_limit > 0 && !shim_cfg.disabled;
 }
 

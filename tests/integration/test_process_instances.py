@@ -195,7 +195,7 @@ async def test_a_cpu_instance_starts_in_a_spare_process_with_its_own_env_dir_and
     backend = ProcessBackend(state_dir=tmp_path, cpu=limiter, spares=1)
     agent = _cpu_agent(backend, tmp_path, "w-spare")
     try:
-        spare_pid = backend._spares[0].process.pid
+        spare_pid = backend.pool().spares[0].process.pid
         status = await agent.start_instance(make_start("i-spare", OK, env={"GREETING": "from a spare"},
                                                        model={"flavour": "warm"}))
         assert status.pid == spare_pid, "the instance ran in the spare process"
@@ -210,8 +210,8 @@ async def test_a_cpu_instance_starts_in_a_spare_process_with_its_own_env_dir_and
         if limiter.available:
             assert "/i-spare" in Path(f"/proc/{spare_pid}/cgroup").read_text()
         assert "ready" in (tmp_path / "logs" / "i-spare.log").read_text(), "its log is the instance's log"
-        assert len(backend._spares) == 1 and backend._spares[0].process.pid != spare_pid, "a new spare waits"
-        next_spare = backend._spares[0].process
+        assert len(backend.pool().spares) == 1 and backend.pool().spares[0].process.pid != spare_pid, "a new spare waits"
+        next_spare = backend.pool().spares[0].process
     finally:
         await agent.shutdown()
     assert next_spare.poll() is not None, "closing the backend ends its spares"
@@ -229,17 +229,17 @@ async def test_the_runtime_pool_grows_with_cold_starts_within_its_bounds_and_pre
                                          "zygote": backend.pool_status()["zygote"]}
         assert agent.describe()["runtime_pool"]["max"] == 2
         first = await agent.start_instance(make_start("i-a", snoop, handler="handler:Snoop"))
-        assert backend.pool_status()["target"] == 2 and len(backend._spares) == 2
+        assert backend.pool_status()["target"] == 2 and len(backend.pool().spares) == 2
         for name in ("i-b", "i-c"):
             await agent.start_instance(make_start(name, snoop, handler="handler:Snoop"))
-            assert len(backend._spares) <= 2 and backend.pool_status()["target"] == 2
+            assert len(backend.pool().spares) <= 2 and backend.pool_status()["target"] == 2
         await until_state(agent, "i-a", "ready")
         async with httpx.AsyncClient(base_url=first.endpoint, timeout=30) as client:
             seen = (await client.post("/infer", json={"modules": ["wave", "tarfile_not_imported_by_anyone"]})).json()
         assert seen["imported"] == {"wave": True, "tarfile_not_imported_by_anyone": False}
         assert "could not preload no_such_module_xyz" in (tmp_path / "logs" / "i-a.log").read_text()
 
-        backend._pool.window_s = 0.2    # the last minute, shortened: no more cold starts come
+        backend.pool().sizer.window_s = 0.2    # the last minute, shortened: no more cold starts come
 
         async def shrunk() -> bool:
             backend.maintain()
@@ -263,9 +263,9 @@ async def test_spares_are_forked_from_the_zygote_and_serve_like_any_instance(tmp
             return backend.pool_status()["zygote"] == "ready"
 
         await async_eventually(zygote_ready, timeout=60, what="the zygote to finish its imports")
-        zygote_pid = backend._zygote.process.pid
+        zygote_pid = backend.pool().zygote.process.pid
         await agent.start_instance(make_start("i-first", snoop, handler="handler:Snoop"))   # takes the slow spare
-        forked = backend._spares[0].process
+        forked = backend.pool().spares[0].process
         assert _parent_of(forked.pid) == zygote_pid, "the spare behind it is the zygote's fork"
         status = await agent.start_instance(make_start("i-forked", snoop, handler="handler:Snoop",
                                                        env={"GREETING": "forked"}))
@@ -284,8 +284,52 @@ async def test_spares_are_forked_from_the_zygote_and_serve_like_any_instance(tmp
         assert "signal 9" in report.error
     finally:
         await agent.shutdown()
-    assert forked.poll() is not None and not backend._zygote, "closing the backend ends the zygote and its forks"
+    assert forked.poll() is not None and backend.pool() is None, "closing the backend ends the zygote and its forks"
 
 
 def _parent_of(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+async def test_gpu_instances_start_from_a_pool_of_their_own_under_the_shim(tmp_path: Path) -> None:
+    """A GPU worker's pool is started with the shim preloaded; an instance specialised from one
+    of its spares is told its token manager at assignment, and the shim obeys it (its launches
+    are counted under the instance's id; ``test_shim`` shows the memory slice told late too).
+    Plain CPU instances keep their own pool."""
+    from tests.conftest import ROOT
+    from tests.shim_harness import build_shim
+    from worker.shimlib import shim_paths
+    from worker.tokens.control import GpuControl
+
+    build_shim()
+    device = DeviceInfo(kind="gpu", uuid="FAKE-pool", name="fake", memory_bytes=2**34, index=0, fake=True)
+    gpu = GpuControl(device=device, shim=shim_paths(), run_dir=tmp_path / "run", capacity_per_s=None,
+                     fake_ns_per_block=1000, in_process=True)
+    gpu.start()
+    backend = ProcessBackend(state_dir=tmp_path, cpu=CpuLimiter(), spares=1, spares_max=1)
+    agent = WorkerAgent(info=WorkerInfo(id="w-gpu-pool", host="test", url=None, device=device), backend=backend,
+                        store=MemoryStore(), logs_dir=tmp_path / "logs", health_poll_s=0.05, stop_grace_s=5, gpu=gpu)
+    gpu_pool, cpu_pool = backend.pool(gpu.injected_at_start()), backend.pool()
+    try:
+        assert gpu_pool is not None and gpu_pool is not cpu_pool
+        assert agent.describe()["runtime_pool"]["spares"] == 1
+
+        async def zygote_ready() -> bool:
+            return gpu_pool.status([])["zygote"] == "ready"
+
+        await async_eventually(zygote_ready, timeout=60, what="the GPU pool's zygote")
+        spare_pid = gpu_pool.spares[0].process.pid
+        cpu_spare_pid = cpu_pool.spares[0].process.pid
+        start = make_start("i-gpu", str(ROOT / "examples" / "synthetic-gpu"), handler="handler:LatencyKernels",
+                           model={"kernels": 5, "blocks": 100}, resources={"memory": 64 * 2**20})
+        status = await agent.start_instance(start)
+        assert status.pid == spare_pid, "the GPU instance was specialised from the GPU pool's spare"
+        assert cpu_pool.spares[0].process.pid == cpu_spare_pid, "the CPU pool was not touched"
+        assert "libdilu_shim.so" in Path(f"/proc/{spare_pid}/maps").read_text()
+        await until_state(agent, "i-gpu", "ready")
+        async with httpx.AsyncClient(base_url=status.endpoint, timeout=30) as client:
+            assert (await client.post("/infer", json={})).json()["kernels"] == 5
+        seen = gpu.telemetry()["i-gpu"]
+        assert seen["processes"] == 1 and seen["launches"] >= 5, seen
+    finally:
+        await agent.shutdown()   # stops the token manager too

@@ -167,6 +167,22 @@ def test_memory_slice(tmp_path: Path) -> None:
     assert result["free_after_free"] == limit // 2 and result["realloc_ok"]
 
 
+def test_a_runtime_told_its_instance_after_start_is_gated_and_limited(manager: TokenManager, tmp_path: Path) -> None:
+    """The runtime pool's spares load the shim before they know their instance; what they are
+    told before the first driver call is what the shim obeys."""
+    import json
+
+    manager.set_slice("pooled", "batch", 0.25, 0.25)
+    limit = 8 * 2**20
+    told = json.dumps({"DILU_TOKEN_SOCKET": str(manager.socket_path), "DILU_INSTANCE_ID": "pooled",
+                       "DILU_MEMORY_LIMIT": str(limit)})
+    unassigned = client_env(tmp_path)   # the shim and the fake driver, nothing about an instance
+    (gated,) = start_client(unassigned, "late", told, "run", 2.0, 100, 0).lines()
+    (memory,) = start_client(unassigned, "late", told, "memory", limit).lines()
+    assert gated["share"] == pytest.approx(0.25, abs=0.05)
+    assert memory["total"] == limit and memory["refused"] == memory["oom"]
+
+
 def test_captured_launches_are_not_charged_until_the_graph_runs(manager: TokenManager, tmp_path: Path) -> None:
     manager.set_slice("graphs", "batch", 1.0, 1.0)
     client = start_client(client_env(tmp_path, socket=manager.socket_path, instance="graphs",

@@ -28,3 +28,24 @@ def test_the_instance_key_survives_the_shims_injection(tmp_path: Path) -> None:
     injected = {"LD_PRELOAD": "/shim.so", "DILU_TOKEN_SOCKET": "/run/x.sock"}
     env = backend.instance_env(make_start("i-1", "/src"), GPU, tmp_path / "c.json", 7, injected, "secret-key")
     assert env["DILU_INSTANCE_KEY"] == "secret-key" and env["LD_PRELOAD"] == "/shim.so"
+
+
+def test_a_pool_is_chosen_by_what_only_takes_effect_at_exec() -> None:
+    """Spares of one pool started with the same loader/interpreter variables: the shim's preload
+    picks the GPU pool, what the shim reads at the first driver call does not split pools."""
+    from worker.backends.spares import exec_time, pool_key
+
+    one = {"LD_PRELOAD": "/shim.so", "LD_LIBRARY_PATH": "/fake", "DILU_TOKEN_SOCKET": "/run/a.sock",
+           "DILU_MEMORY_LIMIT": "1"}
+    other = {"LD_LIBRARY_PATH": "/fake", "LD_PRELOAD": "/shim.so", "DILU_TOKEN_SOCKET": "/run/b.sock"}
+    assert exec_time(one) == {"LD_PRELOAD": "/shim.so", "LD_LIBRARY_PATH": "/fake"}
+    assert pool_key(exec_time(one)) == pool_key(exec_time(other)) != pool_key(exec_time(None)) == ()
+    assert exec_time({"PYTHONPATH": "/x", "GREETING": "hi"}) == {"PYTHONPATH": "/x"}
+
+
+def test_injected_search_paths_come_before_the_workers() -> None:
+    from worker.backends.process import with_injection
+
+    env = with_injection({"LD_LIBRARY_PATH": "/usr/lib", "LD_PRELOAD": "/a.so", "PATH": "/bin"},
+                         {"LD_LIBRARY_PATH": "/fake", "LD_PRELOAD": "/shim.so", "DILU_X": "1"})
+    assert env == {"LD_LIBRARY_PATH": "/fake:/usr/lib", "LD_PRELOAD": "/shim.so /a.so", "PATH": "/bin", "DILU_X": "1"}

@@ -70,5 +70,10 @@ class RuntimeBackend(Protocol):
     def maintain(self) -> None:
         """Periodic upkeep (the runtime pool's size); cheap."""
 
-    def pool_status(self) -> dict | None:
-        """The runtime pool (spares, target, min, max, preloaded modules); None without one."""
+    def prepare_pool(self, exec_env: dict[str, str]) -> None:
+        """Starts the runtime pool for instances injected with ``exec_env`` (what must be set
+        when the process starts: the GPU shim's preload), where the backend keeps pools."""
+
+    def pool_status(self, exec_env: dict[str, str] | None = None) -> dict | None:
+        """The runtime pool instances injected with ``exec_env`` use (spares, target, min, max,
+        preloaded modules, zygote); None without one."""

@@ -261,7 +261,10 @@ class DockerBackend:
     def maintain(self) -> None:
         pass   # containers start from their image; no pool of pre-started runtimes
 
-    def pool_status(self) -> None:
+    def prepare_pool(self, exec_env: dict[str, str]) -> None:
+        pass   # nor a pool to prepare
+
+    def pool_status(self, exec_env: dict[str, str] | None = None) -> None:
         return None
 
     @property

@@ -3,16 +3,12 @@
 The worker binds the instance's listening socket itself and passes it down (``pass_fds``), so
 ports are never raced for and a dead instance's port refuses connections at once.
 
-Spares: the backend keeps ``spares`` processes started ahead of time, with the interpreter up
-and the instance server imported, waiting on stdin for an assignment. A CPU instance whose
-environment can be applied after start-up (no ``PYTHON*`` or ``LD_*`` variables in its spec)
-takes a spare instead of a fresh process - its cold start skips the interpreter's start and the
-imports (torch: seconds) - and a new spare is started behind it. New spares are forked from the
-pool's zygote (``worker.backends.zygote``), which did those imports once: a fork costs
-milliseconds and shares the imports' memory, where a fresh interpreter costs seconds of CPU
-(spares start the slow way only until the zygote is ready, or if it is gone). Spares and the
-zygote wait in the background CPU group, so refilling the pool never slows serving down. GPU
-instances always start fresh: the shim must be preloaded when the process starts.
+Spares: the backend keeps a runtime pool (``worker.backends.spares``) per kind of instance
+process - plain CPU instances, instances under the GPU shim - of processes started ahead of
+time, with the interpreter up and the common libraries imported (torch: seconds), waiting for an
+assignment. An instance whose own environment can be applied after start-up (no ``PYTHON*`` or
+``LD_*`` variables in its spec) takes a spare of its kind instead of a fresh process, and a new
+spare is forked behind it. Each agent asks for the pool its device needs (``prepare_pool``).
 
 A worker running as root starts every instance (and spare) as an unprivileged user, each in a
 folder of its own (``worker.sandbox``); the instance's config travels in its environment.
@@ -27,10 +23,9 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import logging
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from dilu import instance_protocol as protocol
@@ -38,7 +33,8 @@ from dilu.instance_protocol import InstanceConfig
 from dilu.messages import DeviceInfo, StartInstance
 from worker.cgroups import CpuLimiter, join_group, join_group_of
 from worker.backends.base import RunningInstance, endpoint_url
-from worker.backends.zygote import Zygote, ZygoteChild
+from worker.backends.spares import (Spare, SpareLaunch, SparePool, exec_time, pool_key,
+                                    preload_env)
 from worker.pool import PoolSizer
 from worker.sandbox import InstanceUser, Sandboxes, become, die_with_parent
 
@@ -55,12 +51,16 @@ def _child_setup(procs_file: str | None, user: InstanceUser | None):  # noqa: AN
     return setup
 
 
-@dataclass
-class _Spare:
-    process: subprocess.Popen | ZygoteChild
-    endpoint: str
-    fd: int
-    log_path: Path
+def with_injection(env: dict[str, str], extra_env: dict[str, str] | None) -> dict[str, str]:
+    """``env`` with what the worker injects (the shim) added; search paths are prepended to
+    what ``env`` had, not replacing it (pure)."""
+    env = dict(env)
+    for name, value in (extra_env or {}).items():
+        if name in ("LD_LIBRARY_PATH", "LD_PRELOAD") and env.get(name):
+            separator = ":" if name == "LD_LIBRARY_PATH" else " "
+            value = f"{value}{separator}{env[name]}"
+        env[name] = value
+    return env
 
 
 class ProcessBackend:
@@ -69,9 +69,10 @@ class ProcessBackend:
     def __init__(self, *, state_dir: Path, python: str | None = None, host: str = "127.0.0.1",
                  advertise_host: str | None = None, base_env: dict[str, str] | None = None,
                  cpu: CpuLimiter | None = None, spares: int = 0, spares_max: int | None = None,
-                 preload: tuple[str, ...] = (), user: InstanceUser | None = None) -> None:
+                 preload: tuple[str, ...] = (), user: InstanceUser | None = None, cpu_pool: bool = True) -> None:
         self._state_dir = state_dir
-        self._pool = PoolSizer(spares, max(spares, spares_max if spares_max is not None else spares))
+        self._bounds = (spares, max(spares, spares_max if spares_max is not None else spares))
+        PoolSizer(*self._bounds)   # checks the bounds now, not at the first pool
         self._preload = tuple(preload)
         self._sandboxes = Sandboxes(user) if user is not None else None
         self.cpu = cpu
@@ -79,10 +80,9 @@ class ProcessBackend:
         self._host = host
         self._advertise = advertise_host or host
         self._base_env = dict(os.environ if base_env is None else base_env)
-        self._spares: list[_Spare] = []
-        self._spare_count = 0
-        self._zygote = self._start_zygote() if self._pool.maximum > 0 else None
-        self._refill()
+        self._pools: dict[tuple, SparePool] = {}
+        if cpu_pool:
+            self.prepare_pool({})
 
     @property
     def shared_dir(self) -> Path | None:
@@ -93,14 +93,7 @@ class ProcessBackend:
     def instance_env(self, request: StartInstance, device: DeviceInfo, config_json: str, fd: int,
                      extra_env: dict[str, str] | None = None, instance_key: str = "",
                      home: Path | None = None) -> dict[str, str]:
-        env = dict(self._base_env)
-        env.update(request.spec.get("env") or {})
-        for name, value in (extra_env or {}).items():
-            # Search paths are prepended to what the worker had, not replacing it.
-            if name in ("LD_LIBRARY_PATH", "LD_PRELOAD") and env.get(name):
-                separator = ":" if name == "LD_LIBRARY_PATH" else " "
-                value = f"{value}{separator}{env[name]}"
-            env[name] = value
+        env = with_injection({**self._base_env, **(request.spec.get("env") or {})}, extra_env)
         env.update({
             protocol.ENV_KEY: instance_key,
             protocol.ENV_CONFIG_JSON: config_json,
@@ -126,7 +119,7 @@ class ProcessBackend:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         code, home = await asyncio.to_thread(self._place_code, request)
         config_json = self._config_json(request, code)
-        spare = self._take_spare(request, device, extra_env)
+        spare = self._take_spare(request, extra_env)
         if spare is not None:
             try:
                 return self._assign(spare, request, device, config_json, code, home, log_path, extra_env, key)
@@ -176,97 +169,57 @@ class ProcessBackend:
             warmup=spec.get("warmup"))
         return json.dumps(asdict(config))
 
-    # ---- spares ----
+    # ---- runtime pools ----
+    def prepare_pool(self, exec_env: dict[str, str]) -> None:
+        """Starts the pool for instances injected with ``exec_env`` (its exec-time variables:
+        none on a CPU device, the shim's on a GPU); idempotent."""
+        exec_env = exec_time(exec_env)
+        key = pool_key(exec_env)
+        if key in self._pools or self._bounds[1] == 0:
+            return
+        kind = "cpu" if not exec_env else f"injected{len(self._pools)}"
+        launch = SpareLaunch(name=f"{os.getpid()}-{kind}", python=self._python,
+                             env=preload_env(with_injection(self._base_env, exec_env), self._preload),
+                             cwd=self._sandboxes.shared if self._sandboxes else self._state_dir,
+                             logs=self._state_dir / "logs", host=self._host, advertise=self._advertise,
+                             # Pool processes wait in the background group: refilling never slows
+                             # serving down; an assigned spare moves to its instance's group.
+                             preexec=_child_setup(self._background_group(), self._user))
+        self._pools[key] = SparePool(launch, PoolSizer(*self._bounds))
+
+    def pool(self, exec_env: dict[str, str] | None = None) -> SparePool | None:
+        """The pool for instances injected with ``exec_env`` (default: plain CPU ones)."""
+        return self._pools.get(pool_key(exec_time(exec_env)))
+
     def _refill(self) -> None:
-        """Brings the pool to its target: starts spares (each spawn is a fork/exec: milliseconds;
-        their imports run in the background), or ends the newest ones past it."""
-        self._spares = [spare for spare in self._spares if spare.process.poll() is None]
-        target = self._pool.target(time.monotonic())
-        while len(self._spares) > target:
-            _end_spare(self._spares.pop())
-        while len(self._spares) < target:
-            try:
-                self._spares.append(self._spawn_spare())
-            except OSError as exc:
-                logger.warning("cannot start a spare instance process: %s", exc)
-                return
+        for pool in self._pools.values():
+            pool.refill()
 
     def maintain(self) -> None:
-        """Periodic: the pool shrinks back once cold starts have been rare for a while."""
+        """Periodic: pools shrink back once cold starts have been rare for a while."""
         self._refill()
 
-    def pool_status(self) -> dict:
-        """What ``dilu status`` shows of the runtime pool."""
-        zygote = self._zygote
-        return {"spares": len([s for s in self._spares if s.process.poll() is None]),
-                "target": self._pool.target(time.monotonic()), "min": self._pool.minimum,
-                "max": self._pool.maximum, "preloaded": list(self._preload),
-                "zygote": "off" if zygote is None or not zygote.alive else "ready" if zygote.ready else "starting"}
-
-    def _start_zygote(self) -> Zygote | None:
-        folder = self._state_dir / "logs"
-        folder.mkdir(parents=True, exist_ok=True)
-        try:
-            return Zygote([self._python, "-m", "worker.instance", "--zygote"],
-                          env={**self._base_env, "PYTHONUNBUFFERED": "1", protocol.ENV_PRELOAD: ",".join(self._preload)},
-                          cwd=self._sandboxes.shared if self._sandboxes else self._state_dir,
-                          log_path=folder / f"zygote-{os.getpid()}.log",
-                          preexec_fn=_child_setup(self._background_group(), self._user))
-        except OSError as exc:
-            logger.warning("cannot start the runtime pool's zygote (spares start the slow way): %s", exc)
-            return None
+    def pool_status(self, exec_env: dict[str, str] | None = None) -> dict | None:
+        """What ``dilu status`` shows of the pool instances injected with ``exec_env`` use."""
+        pool = self.pool(exec_env)
+        return pool.status(list(self._preload)) if pool is not None else None
 
     def _background_group(self) -> str | None:
         return self.cpu.background_procs_file() if self.cpu and self.cpu.available else None
 
-    def _spawn_spare(self) -> _Spare:
-        self._spare_count += 1
-        folder = self._state_dir / "logs"
-        folder.mkdir(parents=True, exist_ok=True)
-        log_path = folder / f"spare-{os.getpid()}-{self._spare_count}.log"
-        listener = socket.socket(_family(self._host), socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind((self._host, 0))
-        listener.listen(1024)
-        listener.set_inheritable(True)
-        forked = self._zygote.fork(log_path, listener) if self._zygote is not None else None
-        if forked is not None:
-            port = listener.getsockname()[1]
-            listener.close()
-            return _Spare(forked, endpoint_url(self._advertise, port), -1, log_path)
-        try:
-            with open(log_path, "ab") as log:
-                process = subprocess.Popen(
-                    [self._python, "-m", "worker.instance", "--spare"],
-                    env={**self._base_env, "PYTHONUNBUFFERED": "1", protocol.ENV_PRELOAD: ",".join(self._preload)},
-                    stdin=subprocess.PIPE, stdout=log,
-                    stderr=subprocess.STDOUT, pass_fds=(listener.fileno(),), start_new_session=True,
-                    # Spares import in the background group: a refill never slows serving down;
-                    # an assigned spare moves to its instance's group.
-                    preexec_fn=_child_setup(self._background_group(), self._user),
-                    cwd=self._sandboxes.shared if self._sandboxes else self._state_dir)
-        finally:
-            port = listener.getsockname()[1]
-            fd = listener.fileno()
-            listener.close()
-        return _Spare(process, endpoint_url(self._advertise, port), fd, log_path)
-
-    def _take_spare(self, request: StartInstance, device: DeviceInfo,
-                    extra_env: dict[str, str] | None) -> _Spare | None:
-        """A live spare, when this instance can run in one (CPU, nothing injected at exec)."""
-        late_env = all(not key.startswith(("PYTHON", "LD_")) for key in (request.spec.get("env") or {}))
-        if device.kind != "cpu" or extra_env or not late_env:
+    def _take_spare(self, request: StartInstance, extra_env: dict[str, str] | None) -> Spare | None:
+        """A live spare of the instance's kind, when its own environment can be applied late."""
+        if exec_time(request.spec.get("env")):
             return None
-        while self._spares:
-            spare = self._spares.pop(0)
-            if spare.process.poll() is None:
-                self._pool.took(time.monotonic())
-                return spare
-        return None
+        pool = self.pool(extra_env)
+        return pool.take() if pool is not None else None
 
-    def _assign(self, spare: _Spare, request: StartInstance, device: DeviceInfo, config_json: str, code: str,
+    def _assign(self, spare: Spare, request: StartInstance, device: DeviceInfo, config_json: str, code: str,
                 home: Path | None, log_path: Path, extra_env: dict[str, str] | None, key: str) -> RunningInstance:
-        procs = self._cpu_group(request, device)
+        # Out of the background group: a CPU instance into its slice's group; a GPU instance
+        # (sliced by its token manager) into a group of its own without a quota.
+        procs = self._cpu_group(request, device) or (
+            self.cpu.procs_file(request.instance_id) if self.cpu is not None and self.cpu.available else None)
         if procs:
             join_group_of(procs, spare.process.pid)
         os.replace(spare.log_path, log_path)
@@ -281,14 +234,11 @@ class ProcessBackend:
                                handle=spare.process)
 
     def close(self) -> None:
-        """Ends the spares (instances are stopped by the worker)."""
-        spares, self._spares = self._spares, []
-        self._pool = PoolSizer(0, 0)
-        for spare in spares:
-            _end_spare(spare)
-        if self._zygote is not None:
-            self._zygote.close()
-            self._zygote = None
+        """Ends the pools (instances are stopped by the worker)."""
+        pools, self._pools = list(self._pools.values()), {}
+        self._bounds = (0, 0)
+        for pool in pools:
+            pool.close()
         if self._sandboxes is not None:
             self._sandboxes.close()
 
@@ -337,13 +287,6 @@ class ProcessBackend:
         else:
             # Whatever the instance forked must go too.
             _signal_group(process.pid, signal.SIGKILL)
-
-
-def _end_spare(spare: _Spare) -> None:
-    if spare.process.stdin:
-        spare.process.stdin.close()
-    _signal_group(spare.process.pid, signal.SIGKILL)
-    spare.process.wait()
 
 
 def _family(host: str) -> int:

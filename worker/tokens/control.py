@@ -65,17 +65,26 @@ class GpuControl:
         cls, sm_request, sm_limit = slice_of(request)
         self.manager.set_slice(request.instance_id, cls, sm_request, sm_limit)
         env = {
-            "LD_PRELOAD": str(self.shim.shim),
+            **self.injected_at_start(),
             "DILU_TOKEN_SOCKET": str(self.manager.socket_path),
             "DILU_MEMORY_LIMIT": str(request.memory_bytes),
         }
         if self.device.fake:
             env.update({
-                "LD_LIBRARY_PATH": str(self.shim.fake_driver_dir),
                 "DILU_FAKE_CLOCK": str(self.clock_file),
                 "DILU_FAKE_NS_PER_BLOCK": str(self.fake_ns_per_block),
                 "DILU_FAKE_MEMORY": str(self.device.memory_bytes),
             })
+        return env
+
+    def injected_at_start(self) -> dict[str, str]:
+        """The part of the injection the dynamic loader must see when the process starts (the
+        shim preloaded; a simulated GPU's fake driver on the search path): the same for every
+        instance of this worker, so its runtime pool's spares start with it. The rest (token
+        manager, memory slice, ...) is read by the shim at the first driver call."""
+        env = {"LD_PRELOAD": str(self.shim.shim)}
+        if self.device.fake:
+            env["LD_LIBRARY_PATH"] = str(self.shim.fake_driver_dir)
         return env
 
     def release(self, instance_id: str) -> None:
