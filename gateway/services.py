@@ -137,7 +137,10 @@ class GatewayServices:
         self.forwarder = Forwarder()
         self.scheduler = create_scheduler(settings.scheduler)  # admits resizes as placements are admitted
         self.auth = Authenticator(sessions, settings.admin_key)
-        self.latency = LatencyWindow()     # the dashboard's p99 (and workflows' expected times) of what it served
+        self.latency = LatencyWindow()     # the dashboard's p99 of what it served, end to end
+        # What a request takes once an instance has it (waits for a cold start left out): the
+        # expected time of a workflow's node, which the plan of its loads builds on.
+        self.service_time = LatencyWindow()
         self.workflows = WorkflowHistory()   # each workflow's recent arrivals, and how often its nodes ran
         self._background: set[asyncio.Task] = set()
         self.shares = ShareHistory()       # the dashboard's granted/used shares over time

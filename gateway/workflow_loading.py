@@ -2,7 +2,7 @@
 module gathers its inputs and acts on its plan).
 
 Inputs per node: its function's expected execution time (the median of what this gateway saw
-lately), its cold start (the loading stages' estimate of its current version), whether a ready
+lately, waits for cold starts left out: those are what the plan is about), its cold start (the loading stages' estimate of its current version), whether a ready
 instance exists, and how often the node ran in the workflow's recent requests (for branches).
 Acting: at each node's load time the gateway tells the controller the function will be needed
 until the node is expected to be done (``ActivityRecorder.expect``, then a demand signal), and
@@ -74,7 +74,7 @@ def estimates(services: Any, spec: WorkflowSpec, now: float) -> dict[str, NodeEs
         cold = entry.cold_start_s if entry is not None and entry.cold_start_s is not None else UNKNOWN_COLD_S
         lead = services.workflows.lead_s(node.function)
         cold = max(cold, lead) if lead is not None else cold      # what loading really took, end to end
-        result[node.name] = NodeEstimate(exec_s=services.latency.median_s(node.function, now) or DEFAULT_EXEC_S,
+        result[node.name] = NodeEstimate(exec_s=services.service_time.median_s(node.function, now) or DEFAULT_EXEC_S,
                                          cold_s=cold, warm=bool(services.routing.endpoints(node.function)))
     return result
 

@@ -36,6 +36,7 @@ class Outcome:
     body: bytes
     headers: dict[str, str] = field(default_factory=dict)
     content_type: str = "application/json"
+    queued_s: float = 0.0      # how long it waited for an instance (a cold start)
 
 
 class _TooLarge(Exception):
@@ -91,7 +92,9 @@ async def handle_invoke(services: GatewayServices, name: str, next_chunk: BodyCh
     elapsed = time.perf_counter() - started
     _METRICS.observe(name, outcome.status, elapsed)
     if outcome.status < 400:
-        services.latency.observe(name, time.time(), elapsed)
+        now = time.time()
+        services.latency.observe(name, now, elapsed)
+        services.service_time.observe(name, now, elapsed - outcome.queued_s)
     return outcome
 
 
@@ -177,10 +180,11 @@ async def _invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
         if is_loading(reply.status, reply.headers):
             tried = tried | {endpoint.instance_id}
             continue
-        headers = reply.headers
+        headers, queued_s = reply.headers, 0.0
         if queued_at:
-            headers = {**headers, "x-dilu-queued-ms": f"{(queued_at[-1] - queued_at[0]) * 1000:.1f}"}
-        return Outcome(reply.status, reply.body, headers, reply.content_type)
+            queued_s = queued_at[-1] - queued_at[0]
+            headers = {**headers, "x-dilu-queued-ms": f"{queued_s * 1000:.1f}"}
+        return Outcome(reply.status, reply.body, headers, reply.content_type, queued_s)
 
 
 @router.post("/{name}/invoke", responses={
