@@ -23,7 +23,7 @@ from gateway.workflow_run import NodeRun
 
 DEFAULT_EXEC_S = 0.05     # a node of a function this gateway has not served yet
 UNKNOWN_COLD_S = 2.0      # a function version never started yet
-KEEP_AFTER_S = 0.5        # the expectation outlives the node's expected end by this much
+KEEP_AFTER_S = 0.25       # the expectation outlives the node's expected end by this much (estimates' spread)
 HISTORY = 50              # recent requests per workflow that branch probabilities and gaps come from
 LEAD_WEIGHT = 0.3         # of the newest load in the running mean of lead times
 LEAD_TIMEOUT_S = 60.0
@@ -36,6 +36,7 @@ class WorkflowHistory:
         self._ran: dict[tuple[str, str], deque[bool]] = {}
         self._arrivals: dict[str, deque[float]] = {}
         self._lead: dict[str, float] = {}
+        self._prewarms: dict[str, asyncio.TimerHandle] = {}
 
     def loaded(self, function: str, seconds: float) -> None:
         """A load this gateway asked for took ``seconds`` until the function could be routed to:
@@ -49,6 +50,17 @@ class WorkflowHistory:
 
     def arrived(self, workflow: str, at: float) -> None:
         self._arrivals.setdefault(workflow, deque(maxlen=HISTORY + 1)).append(at)
+
+    def last_arrival(self, workflow: str) -> float | None:
+        times = self._arrivals.get(workflow)
+        return times[-1] if times else None
+
+    def prewarm_later(self, function: str, handle: asyncio.TimerHandle) -> None:
+        """Keeps one pending pre-warm per function: a newer plan replaces the older one."""
+        older = self._prewarms.pop(function, None)
+        if older is not None:
+            older.cancel()
+        self._prewarms[function] = handle
 
     def gaps(self, workflow: str) -> list[float]:
         times = list(self._arrivals.get(workflow, ()))
@@ -110,7 +122,8 @@ async def _measure_lead(services: Any, function: str) -> None:
 
 def keep_nodes(services: Any, name: str, spec: WorkflowSpec) -> dict[str, node_keepalive.NodeKeep]:
     """After a request of a workflow loading in the slack: holds the nodes whose cold start would
-    show and are worth their memory, marks those whose loading hides as releasable once idle."""
+    show and are worth their memory, or releases them and loads them again just before the next
+    request is likely (pre-warm); marks those whose loading hides as releasable once idle."""
     if spec.loading != "slack":
         return {}
     now = time.time()
@@ -118,15 +131,29 @@ def keep_nodes(services: Any, name: str, spec: WorkflowSpec) -> dict[str, node_k
     for node in spec.nodes:
         entry = services.functions.get(node.function)
         memory[node.name] = int((entry.spec.get("resources") or {}).get("memory") or 0) if entry else 0
+    arrived = services.workflows.last_arrival(name)
     verdicts = node_keepalive.decide(spec, estimates(services, spec, now), memory, services.workflows.gaps(name),
                                      services.workflows.probability(name, spec),
-                                     price=services.settings.workflow_memory_price)
+                                     price=services.settings.workflow_memory_price,
+                                     elapsed_s=max(0.0, now - arrived) if arrived is not None else 0.0)
     window = node_keepalive.window_s(services.workflows.gaps(name)) or 0.0
     for node in spec.nodes:
-        verdict = verdicts[node.name]
+        verdict, function = verdicts[node.name], node.function
+        others = [verdicts[n.name].verdict for n in spec.nodes if n.function == function]
         if verdict.verdict == "hold":
-            services.activity.expect(node.function, now + verdict.hold_s)
-        elif verdict.verdict == "release" and all(verdicts[n.name].verdict == "release"
-                                                  for n in spec.nodes if n.function == node.function):
-            services.activity.release_when_idle(node.function, now + max(window, KEEP_AFTER_S))
+            services.activity.expect(function, now + verdict.hold_s)
+        elif verdict.verdict == "prewarm" and "hold" not in others:
+            services.activity.release_when_idle(function, now + verdict.prewarm_in_s)
+
+            def prewarm(function: str = function, until: float = now + verdict.hold_s) -> None:
+                services.activity.expect(function, until)
+                services.spawn(services.demand(function))
+                if not services.routing.endpoints(function):   # keeps its lead time current
+                    services.spawn(_measure_lead(services, function))
+
+            services.workflows.prewarm_later(function, asyncio.get_running_loop().call_later(verdict.prewarm_in_s,
+                                                                                             prewarm))
+        elif verdict.verdict == "release" and all(v == "release" for v in others):
+            services.activity.release_when_idle(function, now + max(window, KEEP_AFTER_S))
+    services.spawn(services.flush_activity())   # the controller hears of releases now, not at the next flush
     return verdicts

@@ -42,6 +42,14 @@ class _Snapshot:
     profiles: dict[tuple[str, int], ProfileRow]
 
 
+def wake_in_s(activity: dict[str, FunctionActivity], now: float, interval_s: float) -> float:
+    """How long the loop may sleep: the interval, or less when a workflow's expectation of a
+    function ends sooner (a node loaded for a request may be released the moment it does, and
+    every fraction of a second it stays is memory held for nothing)."""
+    ends = [a.expected_until for a in activity.values() if a.expected_until is not None and a.expected_until > now]
+    return min([interval_s, *(end - now + 0.01 for end in ends)])
+
+
 class Reconciler:
     def __init__(self, *, sessions: sessionmaker[Session], store: StateStore, directory: WorkerDirectory,
                  scheduler: Scheduler, settings: ControllerSettings | None = None) -> None:
@@ -55,6 +63,7 @@ class Reconciler:
         self._owners: dict[str, str] = {}  # instance id -> worker id, as last observed
         self._started_at = utcnow()
         self._heartbeats_since: float | None = time.monotonic()   # None while the state store is out
+        self._activity: dict[str, FunctionActivity] = {}           # the gateways' activity, as last read
 
     # ---- the loop ----
     async def run(self) -> None:
@@ -71,7 +80,8 @@ class Reconciler:
                     log.exception("reconcile pass failed")
                 log.debug("reconcile pass took %.1f ms", (time.perf_counter() - started) * 1000)
                 try:
-                    await asyncio.wait_for(self.ctx.wake.wait(), self.settings.reconcile_interval_s)
+                    await asyncio.wait_for(self.ctx.wake.wait(), wake_in_s(self._activity, time.time(),
+                                                                           self.settings.reconcile_interval_s))
                 except TimeoutError:
                     pass
         finally:
@@ -105,7 +115,7 @@ class Reconciler:
         await self._fold_observations(snapshot, observed, reachable, now)
         await self._stop_orphans(snapshot, observed, live)
         snapshot = await asyncio.to_thread(self._read_snapshot)
-        activity = await self._store.function_activity()
+        activity = self._activity = await self._store.function_activity()
         telemetry = await self._store.telemetry()
         self.functions.forget_except({(f.name, f.version) for f in snapshot.functions})
         for function in snapshot.functions:

@@ -5,16 +5,25 @@ ancestors take, all warm): ``exposed = max(0, cold_start - slack)``.
 
 - A node with nothing exposed loses nothing by being unloaded: loading in the slack brings it
   back in time for the next request. It is **released** as soon as it is idle.
-- A node with an exposed cold start is **held** for the window ``W`` within which the workflow's
-  next request is likely (the ``window_quantile`` of its recent gaps) when the latency this saves
-  outweighs the memory it holds::
+- A node with an exposed cold start (a root has no slack at all) costs a request ``exposed``
+  seconds if it is cold, or memory if it is loaded. The workflow's recent gaps between requests
+  say when the next one is likely: within ``W`` (the ``window_quantile`` of the gaps), and not
+  before ``E`` (the ``early_quantile``). Three choices, each with its cost in seconds of latency
+  (``price``: what one GiB held for one second is worth, ``DEFAULT_PRICE``: holding 1 GiB for
+  100 s is worth saving 1 s of one request)::
 
-      p_need * exposed_s  >=  price * memory_gib * W
+      hold      price * GiB * W                       (loaded from now to the window's end)
+      pre-warm  p_early * exposed + price * GiB * (W - unloaded)
+      neither   p_need * exposed                      (the function's own keep-alive applies)
 
-  ``p_need``: the share of recent gaps within ``W`` times how often the node ran (branches).
-  ``price``: seconds of latency one GiB held for one second is worth (``DEFAULT_PRICE``: holding
-  1 GiB for 100 s is worth saving 1 s of one request).
-- Otherwise (too little history, or not worth its memory) the function's own keep-alive applies.
+  **Pre-warm** releases it once idle and loads it again ``exposed`` plus a margin before ``E``:
+  it is unloaded for ``unloaded = E - elapsed - exposed - margin`` seconds (considered only when
+  that is at least ``MIN_UNLOADED_S``: shorter is churn), and a request that comes before it is
+  loaded again (``p_early``, the share of gaps that short) meets it cold. Regular traffic (a
+  camera's frames, a periodic job) makes it much cheaper than holding; random traffic makes
+  ``E`` small and leaves holding. ``p_need``: the share of gaps within ``W`` times how often the
+  node ran (branches). The cheapest choice wins (ties: hold, then pre-warm).
+- With too little history, the function's own keep-alive applies.
 """
 
 from __future__ import annotations
@@ -26,6 +35,8 @@ from dilu.workflow import WorkflowSpec
 
 DEFAULT_PRICE = 0.01          # s of latency per GiB-second held
 WINDOW_QUANTILE = 0.9
+EARLY_QUANTILE = 0.1
+MIN_UNLOADED_S = 1.0          # a pre-warm that unloads for less is not worth the reload
 MAX_WINDOW_S = 600.0
 MIN_GAPS = 2                  # gaps seen before holding anything
 GiB = 2**30
@@ -34,10 +45,11 @@ DIRECT_QUIET_S = 60.0        # a function that served a direct request this rece
 
 @dataclass(frozen=True)
 class NodeKeep:
-    verdict: str              # "hold" | "release" | "default"
-    hold_s: float             # how long to hold (for "hold"), else 0
+    verdict: str              # "hold" | "prewarm" | "release" | "default"
+    hold_s: float             # hold (or, pre-warmed, keep) it until this long from now; else 0
     exposed_s: float
     reason: str
+    prewarm_in_s: float = 0.0  # "prewarm": unloaded until this long from now, then loaded again
 
 
 def exposed_cold_s(spec: WorkflowSpec, estimates: dict[str, NodeEstimate]) -> dict[str, float]:
@@ -59,28 +71,42 @@ def window_s(gaps: list[float], quantile: float = WINDOW_QUANTILE, maximum: floa
 
 def decide(spec: WorkflowSpec, estimates: dict[str, NodeEstimate], memory_bytes: dict[str, int],
            gaps: list[float], ran_probability: dict[str, float], *, price: float = DEFAULT_PRICE,
-           margin_s: float = 0.1) -> dict[str, NodeKeep]:
-    """Each node's keep verdict after a request. ``margin_s``: an exposure this small counts as none."""
+           margin_s: float = 0.1, elapsed_s: float = 0.0) -> dict[str, NodeKeep]:
+    """Each node's keep verdict after a request. ``margin_s``: an exposure this small counts as
+    none, and a pre-warm is ready this much before it is needed. ``elapsed_s``: since the
+    request arrived (the gaps count from arrivals)."""
     exposed = exposed_cold_s(spec, estimates)
     window = window_s(gaps)
+    early = window_s(gaps, EARLY_QUANTILE)
     result = {}
     for node in spec.nodes:
         shown = exposed[node.name]
         if shown <= margin_s:
             result[node.name] = NodeKeep("release", 0.0, shown, "its loading hides in the slack")
             continue
-        if window is None:
+        if window is None or early is None:
             result[node.name] = NodeKeep("default", 0.0, shown, "too few requests to weigh holding it")
             continue
-        p_need = sum(1 for g in gaps if g <= window) / len(gaps) * ran_probability.get(node.name, 1.0)
-        saving = p_need * shown
-        cost = price * memory_bytes.get(node.name, 0) / GiB * window
-        if saving >= cost:
-            result[node.name] = NodeKeep("hold", window, shown, f"saves {saving:.3f} s per request for "
-                                         f"{cost:.3f} s-worth of memory over {window:.1f} s")
+        ran = ran_probability.get(node.name, 1.0)
+        gib = memory_bytes.get(node.name, 0) / GiB
+        neither = sum(1 for g in gaps if g <= window) / len(gaps) * ran * shown
+        hold = price * gib * window
+        unloaded = early - elapsed_s - shown - margin_s
+        prewarm = None
+        if unloaded >= MIN_UNLOADED_S:
+            p_early = sum(1 for g in gaps if g < elapsed_s + unloaded + shown) / len(gaps)
+            prewarm = p_early * ran * shown + price * gib * max(0.0, window - unloaded)
+        best = min(hold, prewarm if prewarm is not None else hold, neither)
+        if hold == best:
+            result[node.name] = NodeKeep("hold", window, shown, f"saves {neither:.3f} s per request for "
+                                         f"{hold:.3f} s-worth of memory over {window:.1f} s")
+        elif prewarm == best:
+            result[node.name] = NodeKeep("prewarm", window, shown, f"unloaded for {unloaded:.1f} s of the "
+                                         f"{window:.1f} s before the next request (costs {prewarm:.3f} s, "
+                                         f"holding {hold:.3f} s)", prewarm_in_s=round(unloaded, 6))
         else:
-            result[node.name] = NodeKeep("default", 0.0, shown, f"holding it ({cost:.3f}) is worth more than "
-                                         f"the {saving:.3f} s it saves")
+            result[node.name] = NodeKeep("default", 0.0, shown, f"holding it ({hold:.3f}) is worth more than "
+                                         f"the {neither:.3f} s it saves")
     return result
 
 

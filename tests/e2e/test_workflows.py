@@ -131,3 +131,37 @@ def test_nodes_load_in_the_slack_or_when_reached(start_platform, tmp_path: Path)
     assert a_ended - 1.0 < created < a_ended  # loaded while a ran (in its slack), just before it ended
     created, a_ended = run("eager")
     assert created < 0.5 < a_ended            # loaded at the request's arrival
+
+
+def test_a_root_called_at_a_steady_rhythm_is_released_and_prewarmed_between_requests(  # noqa: ANN001
+        start_platform, tmp_path: Path) -> None:
+    """The root has no slack: its 1 s load would show in every request. Called every 4 s, it is
+    unloaded between requests (though its own keep-alive is 300 s) and loaded again on its own
+    just before the next one, which finds it warm."""
+    import time
+
+    from tests.waiting import eventually
+
+    platform = start_platform()
+    for name, extra in (("root", "model: {op: add, load_s: 1.0}\n"), ("leaf", "model: {op: add}\n")):
+        folder = shutil.copytree(FIXTURE_FUNCTIONS / "step", tmp_path / name)
+        (folder / "model.yaml").write_text((folder / "model.yaml").read_text().replace("name: step", f"name: {name}")
+                                           + extra)
+        assert platform.cli("deploy", str(folder / "model.yaml")).returncode == 0
+    spec = "name: rhythm\nloading: slack\nnodes:\n  - {name: a, function: root}\n  - {name: b, function: leaf, after: [a]}\n"
+    assert platform.http.post("/v1/workflows", json={"yaml": spec}).status_code in (200, 201)
+
+    def ready(function: str) -> bool:
+        return any(row["state"] == "ready" for row in platform.instances(function))
+
+    first = time.time()
+    for number in range(3):          # the arrival process: one request every 4 s
+        time.sleep(max(0.0, first + 4 * number - time.time()))
+        reply = platform.http.post("/v1/workflows/rhythm/invoke", json={"x": 1})
+        assert reply.status_code == 200, reply.text
+    eventually(lambda: not platform.instances("root"), timeout=3, what="the root to be released after the request")
+    eventually(lambda: ready("root"), timeout=4, what="the root to be loaded again before the next request")
+    time.sleep(max(0.0, first + 12 - time.time()))
+    reply = platform.http.post("/v1/workflows/rhythm/invoke?timings=true", json={"x": 1}).json()
+    root_ms = reply["nodes"]["a"]["ended_ms"] - reply["nodes"]["a"]["started_ms"]
+    assert reply["output"] == {"x": 3} and root_ms < 500, reply   # a cold root takes its 1 s load

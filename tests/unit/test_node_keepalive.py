@@ -21,7 +21,7 @@ def test_exposed_cold_start_is_what_the_slack_does_not_hide() -> None:
 
 def test_nodes_that_hide_are_released_and_exposed_ones_held_for_the_window() -> None:
     verdicts = decide(SPEC, estimates({"a": 0.4, "b": 1.5, "c": 1.5, "d": 1.5, "e": 0.2}),
-                      {n: 256 * MiB for n in "abcde"}, gaps=[2.0, 2.5, 3.0, 2.0],
+                      {n: 256 * MiB for n in "abcde"}, gaps=[0.5, 2.5, 3.0, 2.0],   # irregular: no pre-warm
                       ran_probability={n: 1.0 for n in "abcde"})
     assert {n: v.verdict for n, v in verdicts.items()} == {"a": "hold", "b": "hold", "c": "hold",
                                                             "d": "release", "e": "release"}
@@ -30,22 +30,48 @@ def test_nodes_that_hide_are_released_and_exposed_ones_held_for_the_window() -> 
 
 def test_memory_outweighs_a_small_saving() -> None:
     # 0.4 s saved per request against 64 GiB held for 3 s (price 0.01 s per GiB-s: 1.92 s).
-    verdicts = decide(SPEC, estimates({"a": 0.4}), {"a": 64 * 1024 * MiB}, gaps=[3.0, 3.0, 3.0],
+    verdicts = decide(SPEC, estimates({"a": 0.4}), {"a": 64 * 1024 * MiB}, gaps=[0.6, 3.0, 3.0],
                       ran_probability={"a": 1.0})
     assert verdicts["a"].verdict == "default" and "worth more" in verdicts["a"].reason
     # The same node at a tenth of the memory is held.
-    cheaper = decide(SPEC, estimates({"a": 0.4}), {"a": 6 * 1024 * MiB}, gaps=[3.0, 3.0, 3.0],
+    cheaper = decide(SPEC, estimates({"a": 0.4}), {"a": 6 * 1024 * MiB}, gaps=[0.6, 3.0, 3.0],
                      ran_probability={"a": 1.0})
     assert cheaper["a"].verdict == "hold"
 
 
 def test_a_rarely_taken_branch_is_not_held() -> None:
     # e's 5 s load shows 1 s; taken 1 time in 50, the saving (0.02 s) is below 1 GiB for 3 s (0.03 s).
-    verdicts = decide(SPEC, estimates({"e": 5.0}), {"e": 1024 * MiB}, gaps=[3.0, 3.0],
+    verdicts = decide(SPEC, estimates({"e": 5.0}), {"e": 1024 * MiB}, gaps=[0.5, 3.0],
                       ran_probability={"e": 0.02})
     assert verdicts["e"].verdict == "default"
-    taken = decide(SPEC, estimates({"e": 5.0}), {"e": 1024 * MiB}, gaps=[3.0, 3.0], ran_probability={"e": 0.5})
+    taken = decide(SPEC, estimates({"e": 5.0}), {"e": 1024 * MiB}, gaps=[0.5, 3.0], ran_probability={"e": 0.5})
     assert taken["e"].verdict == "hold"
+
+
+def test_regular_traffic_prewarms_a_root_just_before_the_next_request_instead_of_holding_it() -> None:
+    # Requests every 4 s, decided 0.5 s after one arrived: a (a root, 0.4 s cold) is unloaded
+    # for 4 - 0.5 - 0.4 - 0.1 = 3 s, then loaded again to be ready 0.1 s before the next request.
+    regular = decide(SPEC, estimates({"a": 0.4}), {n: 256 * MiB for n in "abcde"}, gaps=[4.0] * 5,
+                     ran_probability={n: 1.0 for n in "abcde"}, elapsed_s=0.5)
+    assert regular["a"].verdict == "prewarm"
+    assert regular["a"].prewarm_in_s == pytest.approx(3.0) and regular["a"].hold_s == 4.0
+    # The same mean gap at random: the next request may come any moment, so a is held.
+    random = decide(SPEC, estimates({"a": 0.4}), {n: 256 * MiB for n in "abcde"}, gaps=[0.2, 1.0, 4.0, 8.0, 2.0],
+                    ran_probability={n: 1.0 for n in "abcde"}, elapsed_s=0.5)
+    assert random["a"].verdict == "hold" and random["a"].hold_s == 4.0
+
+
+def test_no_prewarm_when_it_would_unload_only_briefly_or_requests_often_come_early() -> None:
+    brief = decide(SPEC, estimates({"a": 0.4}), {"a": 256 * MiB}, gaps=[1.2] * 5, ran_probability={"a": 1.0})
+    assert brief["a"].verdict == "hold"          # unloaded 0.7 s: churn
+    # One request in twenty comes 2.5 s early, before a pre-warmed a would be back: that costs
+    # 0.05 x 0.4 s of latency per request, more than holding 256 MiB through the gap (0.01 s).
+    early = decide(SPEC, estimates({"a": 0.4}), {"a": 256 * MiB}, gaps=[4.0] * 19 + [1.5],
+                   ran_probability={"a": 1.0})
+    assert early["a"].verdict == "hold"
+    # Without that one, pre-warming wins.
+    steady = decide(SPEC, estimates({"a": 0.4}), {"a": 256 * MiB}, gaps=[4.0] * 20, ran_probability={"a": 1.0})
+    assert steady["a"].verdict == "prewarm"
 
 
 def test_too_little_history_leaves_the_functions_keep_alive() -> None:

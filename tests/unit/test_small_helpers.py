@@ -60,3 +60,13 @@ def test_profiling_samples_fall_back_to_the_warmup_request(tmp_path: Path) -> No
         sample_request(str(tmp_path), warmup={"file": "missing.json"})
     with pytest.raises(MissingSample, match="request.json"):
         sample_request(str(tmp_path))
+
+
+def test_the_controller_wakes_when_a_workflows_expectation_ends() -> None:
+    from dilu.controller.reconciler import wake_in_s
+    from dilu.messages import FunctionActivity
+
+    activity = {"a": FunctionActivity(expected_until=100.3), "b": FunctionActivity(expected_until=100.8),
+                "c": FunctionActivity(expected_until=99.0), "d": FunctionActivity()}
+    assert wake_in_s(activity, now=100.0, interval_s=0.5) == pytest.approx(0.31)   # a's ends first
+    assert wake_in_s({"c": activity["c"], "d": activity["d"]}, now=100.0, interval_s=0.5) == 0.5
