@@ -333,3 +333,31 @@ async def test_gpu_instances_start_from_a_pool_of_their_own_under_the_shim(tmp_p
         assert seen["processes"] == 1 and seen["launches"] >= 5, seen
     finally:
         await agent.shutdown()   # stops the token manager too
+
+
+async def test_a_stop_lets_the_request_in_progress_finish_and_an_idle_instance_exits_cleanly(
+        agent: WorkerAgent, tmp_path: Path) -> None:
+    """An instance told to stop while serving finishes that request first (idle, it exits at
+    once, running its exit handlers, without tearing the interpreter down)."""
+    from tests.waiting import eventually
+
+    gate = tmp_path / "go"
+    step = str(FIXTURE_FUNCTIONS / "step")
+    status = await agent.start_instance(make_start("i-busy", step, handler="handler:Step",
+                                                   model={"op": "add", "gate_file": str(gate)}))
+    await until_state(agent, "i-busy", "ready")
+    async with httpx.AsyncClient(base_url=status.endpoint, timeout=60) as client:
+        serving = asyncio.create_task(client.post("/infer", json={"x": 1}))
+        await asyncio.to_thread(eventually, lambda: Path(f"{gate}.started").exists(), 30, 0.02, "the request to start")
+        stopping = asyncio.create_task(agent.stop_instance("i-busy"))
+        gate.write_text("go")
+        reply = await serving
+        await stopping
+    assert reply.status_code == 200 and reply.json() == {"x": 2}, "the request in progress was served"
+    report = next(s for s in await agent.list_instances() if s.instance_id == "i-busy")
+    assert report.state == "stopped" and report.error is None
+
+    await agent.start_instance(make_start("i-idle", step, handler="handler:Step"))
+    await until_state(agent, "i-idle", "ready")
+    await agent.stop_instance("i-idle")
+    assert agent._backend.exit_code(agent._instances["i-idle"].running) == 0, "a clean exit, not a kill"

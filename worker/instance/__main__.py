@@ -14,7 +14,7 @@ import sys
 import time
 
 from dilu.instance_protocol import ENV_LISTEN_FD, ENV_PRELOAD, InstanceEnvironment
-from worker.instance.server import bind_listener, preload, serve
+from worker.instance.server import bind_listener, exit_now, preload, serve
 
 
 def _import_common(modules: str) -> None:
@@ -79,6 +79,7 @@ def _serve(assigned_at: float | None) -> None:
     listener = socket.socket(fileno=environment.listen_fd) if environment.listen_fd is not None \
         else bind_listener(*environment.listen)
     serve(config, listener, assigned_at, environment.key, environment.device)
+    exit_now()   # drained: nothing left to wait for
 
 
 if __name__ == "__main__":
