@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 from dilu.policy import node_keepalive
@@ -37,6 +38,7 @@ class WorkflowHistory:
         self._arrivals: dict[str, deque[float]] = {}
         self._lead: dict[str, float] = {}
         self._prewarms: dict[str, asyncio.TimerHandle] = {}
+        self._waits: dict[tuple[str, str], float] = {}
 
     def loaded(self, function: str, seconds: float) -> None:
         """A load this gateway asked for took ``seconds`` until the function could be routed to:
@@ -66,6 +68,20 @@ class WorkflowHistory:
         times = list(self._arrivals.get(workflow, ()))
         return [b - a for a, b in zip(times, times[1:])]
 
+    def waited(self, workflow: str, ahead: frozenset[str], runs: dict[str, NodeRun],
+               waits: dict[str, float], spec: WorkflowSpec) -> None:
+        """What the nodes loaded ahead in one request (cold when it arrived) still waited for
+        their instance when they were reached: the part of their loading the slack did not
+        hide, as it happened. Nodes warm at arrival say nothing about it."""
+        for name in ahead:
+            if runs.get(name) is not None and runs[name].status == "ok":
+                seconds = waits.get(spec.node(name).function, 0.0)
+                known = self._waits.get((workflow, name))
+                self._waits[(workflow, name)] = seconds if known is None else known + LEAD_WEIGHT * (seconds - known)
+
+    def observed_exposure(self, workflow: str) -> dict[str, float]:
+        return {node: seconds for (name, node), seconds in self._waits.items() if name == workflow}
+
     def record(self, workflow: str, runs: dict[str, NodeRun]) -> None:
         for node, run in runs.items():
             if run.status in ("ok", "skipped", "failed", "timeout"):
@@ -91,7 +107,18 @@ def estimates(services: Any, spec: WorkflowSpec, now: float) -> dict[str, NodeEs
     return result
 
 
-def schedule_loads(services: Any, name: str, spec: WorkflowSpec) -> list[asyncio.TimerHandle]:
+@dataclass
+class Loads:
+    """The loads arranged for one request, and which nodes they are for."""
+    handles: list[asyncio.TimerHandle]
+    ahead: frozenset[str]      # nodes cold at arrival that the plan loads ahead of need
+
+    def cancel(self) -> None:
+        for handle in self.handles:
+            handle.cancel()
+
+
+def schedule_loads(services: Any, name: str, spec: WorkflowSpec) -> Loads:
     """Arranges the loads the plan asks for; the caller cancels what is left when the request ends."""
     now = time.time()
     services.workflows.arrived(name, now)
@@ -111,7 +138,7 @@ def schedule_loads(services: Any, name: str, spec: WorkflowSpec) -> list[asyncio
                 services.spawn(_measure_lead(services, function))
 
         handles.append(loop.call_later(planned.load_at_s, load))
-    return handles
+    return Loads(handles, frozenset(n for n, planned in timeline.items() if planned.load_at_s is not None))
 
 
 async def _measure_lead(services: Any, function: str) -> None:
@@ -135,7 +162,8 @@ def keep_nodes(services: Any, name: str, spec: WorkflowSpec) -> dict[str, node_k
     verdicts = node_keepalive.decide(spec, estimates(services, spec, now), memory, services.workflows.gaps(name),
                                      services.workflows.probability(name, spec),
                                      price=services.settings.workflow_memory_price,
-                                     elapsed_s=max(0.0, now - arrived) if arrived is not None else 0.0)
+                                     elapsed_s=max(0.0, now - arrived) if arrived is not None else 0.0,
+                                     observed_exposed=services.workflows.observed_exposure(name))
     window = node_keepalive.window_s(services.workflows.gaps(name)) or 0.0
     for node in spec.nodes:
         verdict, function = verdicts[node.name], node.function

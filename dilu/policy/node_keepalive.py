@@ -71,11 +71,15 @@ def window_s(gaps: list[float], quantile: float = WINDOW_QUANTILE, maximum: floa
 
 def decide(spec: WorkflowSpec, estimates: dict[str, NodeEstimate], memory_bytes: dict[str, int],
            gaps: list[float], ran_probability: dict[str, float], *, price: float = DEFAULT_PRICE,
-           margin_s: float = 0.1, elapsed_s: float = 0.0) -> dict[str, NodeKeep]:
+           margin_s: float = 0.1, elapsed_s: float = 0.0,
+           observed_exposed: dict[str, float] | None = None) -> dict[str, NodeKeep]:
     """Each node's keep verdict after a request. ``margin_s``: an exposure this small counts as
     none, and a pre-warm is ready this much before it is needed. ``elapsed_s``: since the
-    request arrived (the gaps count from arrivals)."""
-    exposed = exposed_cold_s(spec, estimates)
+    request arrived (the gaps count from arrivals). ``observed_exposed``: what nodes loaded in
+    the slack lately still waited when reached; the larger of it and the estimate counts (loads
+    that compete with the running node for the host take longer than either alone)."""
+    observed = observed_exposed or {}
+    exposed = {n: max(e, observed.get(n, 0.0)) for n, e in exposed_cold_s(spec, estimates).items()}
     window = window_s(gaps)
     early = window_s(gaps, EARLY_QUANTILE)
     result = {}

@@ -138,9 +138,12 @@ async def invoke_workflow(name: str, request: Request, services: ServicesDep,
     except (ValueError, RecursionError) as exc:
         return error_response(400, f"request body is not valid JSON: {exc}")
 
+    waits: dict[str, float] = {}     # per function: how long its node waited for an instance
+
     async def call(function: str, node_body: bytes) -> tuple[int, bytes]:
         outcome = await invoke_body(services, function, node_body, max_bytes=max(limit, len(node_body)),
                                     from_workflow=True)
+        waits[function] = max(waits.get(function, 0.0), outcome.queued_s)
         return outcome.status, outcome.body
 
     spec = workflow_from_dict(row.spec)
@@ -149,16 +152,15 @@ async def invoke_workflow(name: str, request: Request, services: ServicesDep,
     try:
         output, runs = await run_workflow(spec, payload, call)
         services.workflows.record(name, runs)
+        services.workflows.waited(name, loads.ahead, runs, waits, spec)
     except WorkflowFailed as failure:
         services.workflows.record(name, failure.runs)
-        for handle in loads:
-            handle.cancel()
+        loads.cancel()
         content: dict[str, Any] = {"error": failure.message, "node": failure.node}
         if timings:
             content["nodes"] = {n: r.to_dict() for n, r in failure.runs.items()}
         return JSONResponse(content, status_code=failure.status)
-    for handle in loads:
-        handle.cancel()
+    loads.cancel()
     keep_nodes(services, name, spec)
     if timings:
         output = {"output": output, "nodes": {n: r.to_dict() for n, r in runs.items()},

@@ -74,6 +74,16 @@ def test_no_prewarm_when_it_would_unload_only_briefly_or_requests_often_come_ear
     assert steady["a"].verdict == "prewarm"
 
 
+def test_a_node_that_was_seen_waiting_counts_as_exposed_though_its_estimate_hides() -> None:
+    # d's 1.5 s load fits in its 2 s of slack on paper; loaded beside b and c it still waited 0.3 s.
+    cold = estimates({"a": 0.4, "b": 1.5, "c": 1.5, "d": 1.5})
+    memory, ran, gaps = {n: 256 * MiB for n in "abcde"}, {n: 1.0 for n in "abcde"}, [0.5, 2.5, 3.0, 2.0]
+    assert decide(SPEC, cold, memory, gaps, ran)["d"].verdict == "release"
+    seen = decide(SPEC, cold, memory, gaps, ran, observed_exposed={"d": 0.3})
+    assert seen["d"].verdict == "hold" and seen["d"].exposed_s == 0.3
+    assert decide(SPEC, cold, memory, gaps, ran, observed_exposed={"d": 0.05})["d"].verdict == "release"
+
+
 def test_too_little_history_leaves_the_functions_keep_alive() -> None:
     verdicts = decide(SPEC, estimates({"a": 0.4}), {"a": MiB}, gaps=[3.0], ran_probability={"a": 1.0})
     assert verdicts["a"].verdict == "default" and verdicts["b"].verdict == "release"

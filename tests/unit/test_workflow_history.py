@@ -39,3 +39,13 @@ def test_lead_time_is_a_running_mean_of_measured_loads() -> None:
     history.loaded("fb", 0.4)
     history.loaded("fb", 0.2)
     assert history.lead_s("fb") == pytest.approx(0.4 + LEAD_WEIGHT * (0.2 - 0.4))
+
+
+def test_what_nodes_loaded_ahead_still_waited_is_remembered_and_warm_ones_say_nothing() -> None:
+    history = WorkflowHistory()
+    ran = {"a": NodeRun("ok"), "b": NodeRun("ok")}
+    history.waited("w", frozenset({"b"}), ran, {"fa": 0.9, "fb": 0.3}, SPEC)   # a was warm at arrival
+    history.waited("w", frozenset({"b"}), ran, {"fb": 0.0}, SPEC)              # b's load hid this time
+    history.waited("w", frozenset({"b"}), {"a": NodeRun("ok"), "b": NodeRun("skipped")}, {}, SPEC)
+    assert history.observed_exposure("w") == {"b": pytest.approx(0.3 + LEAD_WEIGHT * (0.0 - 0.3))}
+    assert history.observed_exposure("other") == {}
