@@ -29,7 +29,7 @@ class ReplicaContext:
     keep: Verdict = Verdict.HOLD          # keep-alive's verdict for an idle function
     keep_reason: str = "within keep-alive"
     expected: bool = False                # a workflow request will need it soon (loading in the slack)
-    release_idle: bool = False            # only workflows use it, and its loading hides in their slack
+    release_idle: bool = False            # only workflows use it, and they load it again in time (slack, pre-warm)
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ def desired_instances(ctx: ReplicaContext) -> ReplicaDecision:
             return ReplicaDecision(_clamp(ctx, max(ctx.min_instances, 1)), "pre-load: a workflow request needs it soon")
         return ReplicaDecision(_clamp(ctx, max(ctx.current, ctx.min_instances)), "kept: a workflow request needs it soon")
     if ctx.release_idle and ctx.current > ctx.min_instances:
-        return ReplicaDecision(ctx.min_instances, "workflow node idle: its loading hides in the slack")
+        return ReplicaDecision(ctx.min_instances, "workflow node idle: released until a workflow needs it again")
     if ctx.keep == Verdict.UNLOAD:
         if ctx.current > ctx.min_instances:
             return ReplicaDecision(ctx.min_instances, ctx.keep_reason)
