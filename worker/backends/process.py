@@ -277,10 +277,16 @@ class ProcessBackend:
         if process.poll() is not None:
             return
         _signal_group(process.pid, signal.SIGTERM)
-        try:   # a thread waits for the exit, so it is seen the moment it happens
-            await asyncio.to_thread(process.wait, grace_s)
-        except subprocess.TimeoutExpired:
-            pass
+        if isinstance(process, subprocess.Popen):
+            try:   # a thread waits for the exit, so it is seen the moment it happens
+                await asyncio.to_thread(process.wait, grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        else:      # a zygote's fork: its exit comes as a message, read on this thread only
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + grace_s
+            while process.poll() is None and loop.time() < deadline:
+                await asyncio.sleep(0.01)
         if process.poll() is None:
             _signal_group(process.pid, signal.SIGKILL)
             await asyncio.to_thread(process.wait)

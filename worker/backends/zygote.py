@@ -13,9 +13,7 @@ import os
 import select
 import socket
 import subprocess
-import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
@@ -36,10 +34,6 @@ class Zygote:
         self._buffer = b""
         self._ready = False
         self._exits: dict[int, int] = {}
-        self._forked: deque[int] = deque()
-        # Spares are waited for from threads (a stop) while the event loop forks: every read of
-        # the control socket, and what it records, happens under this lock.
-        self._lock = threading.Lock()
 
     @property
     def ready(self) -> bool:
@@ -57,8 +51,6 @@ class Zygote:
         cannot make one (the caller starts a spare the slow way)."""
         if not self.ready:
             return None
-        self._read(0.0)
-        self._forked.clear()      # a fork that timed out earlier may have answered since
         read_end, write_end = os.pipe()
         try:
             with open(log_path, "ab") as log:
@@ -96,28 +88,30 @@ class Zygote:
     def _await_forked(self) -> int | None:
         deadline = time.monotonic() + FORK_TIMEOUT_S
         while time.monotonic() < deadline:
-            if self._forked:
-                return self._forked.popleft()
-            self._read(min(0.05, max(0.0, deadline - time.monotonic())))
-            if not self.alive and not self._forked:
+            for line in self._read(max(0.0, deadline - time.monotonic())):
+                if line.startswith(b"FORKED "):
+                    return int(line.split()[1])
+            if not self.alive:
                 return None
         return None
 
-    def _read(self, timeout: float) -> None:
-        """Records what has arrived (readiness, forks, exits), waiting up to ``timeout`` for
-        something."""
-        with self._lock:
-            if select.select([self._control], [], [], timeout)[0]:
-                self._buffer += self._control.recv(65536)
-            *complete, self._buffer = self._buffer.split(b"\n")
-            for line in complete:
-                if line == b"READY":
-                    self._ready = True
-                elif line.startswith(b"EXIT "):
-                    _, pid, code = line.split()
-                    self._exits[int(pid)] = int(code)
-                elif line.startswith(b"FORKED "):
-                    self._forked.append(int(line.split()[1]))
+    def _read(self, timeout: float) -> list[bytes]:
+        """Reads what has arrived (waiting up to ``timeout`` for something) and returns the lines
+        that are not exit reports (those are recorded)."""
+        lines = []
+        if select.select([self._control], [], [], timeout)[0]:
+            data = self._control.recv(65536)
+            self._buffer += data
+        *complete, self._buffer = self._buffer.split(b"\n")
+        for line in complete:
+            if line == b"READY":
+                self._ready = True
+            elif line.startswith(b"EXIT "):
+                _, pid, code = line.split()
+                self._exits[int(pid)] = int(code)
+            else:
+                lines.append(line)
+        return lines
 
 
 class ZygoteChild:

@@ -29,20 +29,11 @@ MAX_MESSAGE = 4096
 
 def serve_forks(control: socket.socket, become_spare: Callable[[int], None]) -> None:
     """The zygote's loop: forks on request, reports exits; returns when the worker hangs up."""
-    # A child's exit wakes the loop (SIGCHLD through a self-pipe), so the worker hears of it at
-    # once: a stopped instance's memory counts as held until then.
-    wake_read, wake_write = os.pipe()
-    os.set_blocking(wake_read, False)
-    os.set_blocking(wake_write, False)
-    signal.set_wakeup_fd(wake_write)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
     control.sendall(b"READY\n")
     while True:
         _report_exits(control)
-        readable, _, _ = select.select([control, wake_read], [], [], 1.0)
-        if wake_read in readable:
-            _drain(wake_read)
-        if control not in readable:
+        readable, _, _ = select.select([control], [], [], 0.05)
+        if not readable:
             continue
         message, fds, _, _ = socket.recv_fds(control, MAX_MESSAGE, 3)
         if not message:
@@ -53,10 +44,6 @@ def serve_forks(control: socket.socket, become_spare: Callable[[int], None]) -> 
             continue
         pid = os.fork()
         if pid == 0:
-            signal.set_wakeup_fd(-1)
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            os.close(wake_read)
-            os.close(wake_write)
             _in_child(control, fds, become_spare)
         for fd in fds:
             os.close(fd)
@@ -88,14 +75,6 @@ def _in_child(control: socket.socket, fds: list[int], become_spare: Callable[[in
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-
-
-def _drain(fd: int) -> None:
-    try:
-        while os.read(fd, 512):
-            pass
-    except BlockingIOError:
-        pass
 
 
 def _report_exits(control: socket.socket) -> None:
