@@ -2,8 +2,8 @@
 module gathers its inputs and acts on its plan).
 
 Inputs per node: its function's expected execution time (the median of what this gateway saw
-lately, waits for cold starts left out: those are what the plan is about), its cold start (the loading stages' estimate of its current version), whether a ready
-instance exists, and how often the node ran in the workflow's recent requests (for branches).
+lately, waits for cold starts left out: those are what the plan is about), its cold start (the
+loading stages' estimate of its current version), whether a ready instance exists, and how often the node ran in the workflow's recent requests (for branches).
 Acting: at each node's load time the gateway tells the controller the function will be needed
 until the node is expected to be done (``ActivityRecorder.expect``, then a demand signal), and
 the controller starts an instance if none runs and keeps it meanwhile.
@@ -44,8 +44,7 @@ class WorkflowHistory:
         """A load this gateway asked for took ``seconds`` until the function could be routed to:
         the loading stages plus what they do not cover (the controller's decision, placement,
         the news of readiness reaching the gateway)."""
-        known = self._lead.get(function)
-        self._lead[function] = seconds if known is None else known + LEAD_WEIGHT * (seconds - known)
+        self._lead[function] = _running_mean(self._lead.get(function), seconds)
 
     def lead_s(self, function: str) -> float | None:
         return self._lead.get(function)
@@ -75,9 +74,8 @@ class WorkflowHistory:
         hide, as it happened. Nodes warm at arrival say nothing about it."""
         for name in ahead:
             if runs.get(name) is not None and runs[name].status == "ok":
-                seconds = waits.get(spec.node(name).function, 0.0)
-                known = self._waits.get((workflow, name))
-                self._waits[(workflow, name)] = seconds if known is None else known + LEAD_WEIGHT * (seconds - known)
+                self._waits[(workflow, name)] = _running_mean(self._waits.get((workflow, name)),
+                                                              waits.get(spec.node(name).function, 0.0))
 
     def observed_exposure(self, workflow: str) -> dict[str, float]:
         return {node: seconds for (name, node), seconds in self._waits.items() if name == workflow}
@@ -93,6 +91,10 @@ class WorkflowHistory:
             seen = self._ran.get((workflow, node.name))
             result[node.name] = sum(seen) / len(seen) if seen else 0.0
         return result
+
+
+def _running_mean(known: float | None, sample: float) -> float:
+    return sample if known is None else known + LEAD_WEIGHT * (sample - known)
 
 
 def estimates(services: Any, spec: WorkflowSpec, now: float) -> dict[str, NodeEstimate]:
@@ -131,14 +133,17 @@ def schedule_loads(services: Any, name: str, spec: WorkflowSpec) -> Loads:
             continue
         function, until = spec.node(node_name).function, now + planned.done_at_s + KEEP_AFTER_S
 
-        def load(function: str = function, until: float = until) -> None:
-            services.activity.expect(function, until)
-            services.spawn(services.demand(function))
-            if not services.routing.endpoints(function):
-                services.spawn(_measure_lead(services, function))
-
-        handles.append(loop.call_later(planned.load_at_s, load))
+        handles.append(loop.call_later(planned.load_at_s, _load, services, function, until))
     return Loads(handles, frozenset(n for n, planned in timeline.items() if planned.load_at_s is not None))
+
+
+def _load(services: Any, function: str, until: float) -> None:
+    """Has ``function`` loaded (if it is not) and kept until ``until``, and measures how long
+    the load takes to become routable."""
+    services.activity.expect(function, until)
+    services.spawn(services.demand(function))
+    if not services.routing.endpoints(function):
+        services.spawn(_measure_lead(services, function))
 
 
 async def _measure_lead(services: Any, function: str) -> None:
@@ -172,15 +177,8 @@ def keep_nodes(services: Any, name: str, spec: WorkflowSpec) -> dict[str, node_k
             services.activity.expect(function, now + verdict.hold_s)
         elif verdict.verdict == "prewarm" and "hold" not in others:
             services.activity.release_when_idle(function, now + verdict.prewarm_in_s)
-
-            def prewarm(function: str = function, until: float = now + verdict.hold_s) -> None:
-                services.activity.expect(function, until)
-                services.spawn(services.demand(function))
-                if not services.routing.endpoints(function):   # keeps its lead time current
-                    services.spawn(_measure_lead(services, function))
-
-            services.workflows.prewarm_later(function, asyncio.get_running_loop().call_later(verdict.prewarm_in_s,
-                                                                                             prewarm))
+            services.workflows.prewarm_later(function, asyncio.get_running_loop().call_later(
+                verdict.prewarm_in_s, _load, services, function, now + verdict.hold_s))
         elif verdict.verdict == "release" and all(v == "release" for v in others):
             services.activity.release_when_idle(function, now + max(window, KEEP_AFTER_S))
     services.spawn(services.flush_activity())   # the controller hears of releases now, not at the next flush

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Callable
@@ -17,6 +19,24 @@ class RunningInstance:
     endpoint: str
     pid: int | None
     handle: Any
+
+
+def inheritable_listener(host: str) -> socket.socket:
+    """A listening TCP socket on a free port of ``host``, to hand down to a child process."""
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((host, 0))
+    listener.listen(1024)
+    listener.set_inheritable(True)
+    return listener
+
+
+def signal_group(pid: int, sig: int) -> None:
+    """Sends ``sig`` to the process group led by ``pid`` (an instance and whatever it forked)."""
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def endpoint_url(host: str, port: int) -> str:

@@ -20,10 +20,8 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import logging
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -32,13 +30,12 @@ from dilu import instance_protocol as protocol
 from dilu.instance_protocol import InstanceConfig
 from dilu.messages import DeviceInfo, StartInstance
 from worker.cgroups import CpuLimiter, join_group, join_group_of
-from worker.backends.base import RunningInstance, endpoint_url
+from worker.backends.base import RunningInstance, endpoint_url, inheritable_listener, signal_group
 from worker.backends.spares import (Spare, SpareLaunch, SparePool, exec_time, pool_key,
                                     preload_env)
 from worker.pool import PoolSizer
 from worker.sandbox import InstanceUser, Sandboxes, become, die_with_parent
 
-logger = logging.getLogger(__name__)
 
 
 def _child_setup(procs_file: str | None, user: InstanceUser | None):  # noqa: ANN202
@@ -125,11 +122,7 @@ class ProcessBackend:
                 return self._assign(spare, request, device, config_json, code, home, log_path, extra_env, key)
             finally:
                 self._refill()
-        listener = socket.socket(_family(self._host), socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind((self._host, 0))
-        listener.listen(1024)
-        listener.set_inheritable(True)
+        listener = inheritable_listener(self._host)
         port = listener.getsockname()[1]
         try:
             with open(log_path, "ab") as log:
@@ -276,7 +269,7 @@ class ProcessBackend:
         process: subprocess.Popen = running.handle
         if process.poll() is not None:
             return
-        _signal_group(process.pid, signal.SIGTERM)
+        signal_group(process.pid, signal.SIGTERM)
         if isinstance(process, subprocess.Popen):
             try:   # a thread waits for the exit, so it is seen the moment it happens
                 await asyncio.to_thread(process.wait, grace_s)
@@ -288,19 +281,8 @@ class ProcessBackend:
             while process.poll() is None and loop.time() < deadline:
                 await asyncio.sleep(0.01)
         if process.poll() is None:
-            _signal_group(process.pid, signal.SIGKILL)
+            signal_group(process.pid, signal.SIGKILL)
             await asyncio.to_thread(process.wait)
         else:
             # Whatever the instance forked must go too.
-            _signal_group(process.pid, signal.SIGKILL)
-
-
-def _family(host: str) -> int:
-    return socket.AF_INET6 if ":" in host else socket.AF_INET
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except ProcessLookupError:
-        pass
+            signal_group(process.pid, signal.SIGKILL)

@@ -17,9 +17,7 @@ slow way, as fresh interpreters in the background CPU group.
 from __future__ import annotations
 
 import logging
-import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -27,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dilu import instance_protocol as protocol
-from worker.backends.base import endpoint_url
+from worker.backends.base import endpoint_url, inheritable_listener, signal_group
 from worker.backends.zygote import Zygote, ZygoteChild
 from worker.pool import PoolSizer
 
@@ -133,11 +131,7 @@ class SparePool:
         self._count += 1
         launch.logs.mkdir(parents=True, exist_ok=True)
         log_path = launch.logs / f"spare-{launch.name}-{self._count}.log"
-        listener = socket.socket(socket.AF_INET6 if ":" in launch.host else socket.AF_INET, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind((launch.host, 0))
-        listener.listen(1024)
-        listener.set_inheritable(True)
+        listener = inheritable_listener(launch.host)
         port = listener.getsockname()[1]
         forked = self.zygote.fork(log_path, listener) if self.zygote is not None else None
         if forked is not None:
@@ -158,10 +152,7 @@ class SparePool:
 def end_spare(spare: Spare) -> None:
     if spare.process.stdin:
         spare.process.stdin.close()
-    try:
-        os.killpg(spare.process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    signal_group(spare.process.pid, signal.SIGKILL)
     spare.process.wait()
 
 
