@@ -37,7 +37,6 @@ from worker.pool import PoolSizer
 from worker.sandbox import InstanceUser, Sandboxes, become, die_with_parent
 
 
-
 def _child_setup(procs_file: str | None, user: InstanceUser | None):  # noqa: ANN202
     def setup() -> None:
         join_group(procs_file)      # while still privileged enough to write the cgroup
