@@ -1,6 +1,7 @@
 """Both example workflows through the real platform under four loading policies, side by side.
 
     python bench/workflows.py [--requests 6] [--gap 4] [--workflows amber-alert,fan-in] [--price 0.01]
+                               [--policies warm,cold,eager,on-demand,slack]
 
 Requests arrive every ``--gap`` seconds; every function keeps an instance 1 s after its last
 request (its own keep-alive), so between requests everything not held otherwise unloads and each
@@ -35,6 +36,7 @@ from tests.platform import Platform  # noqa: E402  (reuses the harness that runs
 
 EXAMPLES = ROOT / "examples" / "workflows"
 WORKFLOWS = ("amber-alert", "fan-in")
+POLICIES = ("warm", "cold", "eager", "on-demand", "slack")
 MiB = 2**20
 
 
@@ -122,11 +124,17 @@ def main() -> None:
                         help="DILU_WORKFLOW_MEMORY_PRICE for the slack policy's per-node keep-alive (default 0.01)")
     parser.add_argument("--workflows", default=",".join(WORKFLOWS),
                         help="which example workflows (comma-separated; together they interleave)")
+    parser.add_argument("--policies", default=",".join(POLICIES),
+                        help="which policies (comma-separated; warm, eager and slack give the targets)")
     args = parser.parse_args()
     WORKFLOWS = tuple(w for w in args.workflows.split(",") if w)
     unknown = set(WORKFLOWS) - {p.name for p in EXAMPLES.iterdir() if (p / "workflow.yaml").exists()}
     if unknown or not WORKFLOWS:
         parser.error(f"unknown workflows: {', '.join(sorted(unknown)) or '(none given)'}")
+    chosen = [p for p in args.policies.split(",") if p]
+    if not chosen or set(chosen) - set(POLICIES):
+        parser.error(f"unknown policies: {', '.join(sorted(set(chosen) - set(POLICIES))) or '(none given)'}; "
+                     f"known: {', '.join(POLICIES)}")
     base = Path(tempfile.mkdtemp(prefix="dilu-bench-workflows-"))
     # Fixed keep-alive (the histogram would learn the bench's rhythm and pre-warm on its own).
     common = {"DILU_PROFILING": "false", "DILU_KEEPALIVE_MIN_SAMPLES": "1000", "DILU_LOCAL_ROOTS": str(base),
@@ -146,19 +154,23 @@ def main() -> None:
         finally:
             platform.close()
 
-    measure("warm-home", _prepare(base / "warm", keep_alive_s=600, min_instances=1), pool, ("warm",))
+    if "warm" in chosen:
+        measure("warm-home", _prepare(base / "warm", keep_alive_s=600, min_instances=1), pool, ("warm",))
     folder = _prepare(base / "cold", keep_alive_s=1, min_instances=0)
-    measure("no-pool-home", folder, {"DILU_SPARE_PROCESSES": "0", "DILU_SPARE_MAX": "0"}, ("cold",))
-    measure("pool-home", folder, pool, ("eager", "on-demand", "slack"))
+    if "cold" in chosen:
+        measure("no-pool-home", folder, {"DILU_SPARE_PROCESSES": "0", "DILU_SPARE_MAX": "0"}, ("cold",))
+    pooled = tuple(p for p in ("eager", "on-demand", "slack") if p in chosen)
+    if pooled:
+        measure("pool-home", folder, pool, pooled)
 
     print(f"{args.requests} requests per workflow and policy, one every {args.gap:g} s; "
           "latency end to end, memory-time per request")
     print(f"{'policy':<11}" + "".join(f"{w + ' median':>20}{'p99':>9}{'MiB-s':>10}" for w in WORKFLOWS))
-    for policy in ("warm", "cold", "eager", "on-demand", "slack"):
+    for policy in (p for p in POLICIES if p in table):
         row = table[policy]
         print(f"{policy:<11}" + "".join(f"{row[w]['median_s'] * 1000:>18.0f}ms{row[w]['p99_s'] * 1000:>7.0f}ms"
                                         f"{row[w]['memory_mib_s']:>10.0f}" for w in WORKFLOWS))
-    for workflow in WORKFLOWS:
+    for workflow in WORKFLOWS if {"warm", "eager", "slack"} <= set(table) else ():
         latency = table["slack"][workflow]["median_s"] / table["warm"][workflow]["median_s"]
         memory = table["slack"][workflow]["memory_mib_s"] / table["eager"][workflow]["memory_mib_s"]
         print(f"{workflow}: slack median {latency:.2f}x warm (target <= 1.3x: {'met' if latency <= 1.3 else 'NOT met'}); "

@@ -12,15 +12,19 @@ the controller starts an instance if none runs and keeps it meanwhile.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 from dilu.policy import node_keepalive
+from dilu.policy.interference import interference_s, shares
 from dilu.policy.slack import NodeEstimate, plan
 from dilu.workflow import WorkflowSpec
 from gateway.workflow_run import NodeRun
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_EXEC_S = 0.05     # a node of a function this gateway has not served yet
 UNKNOWN_COLD_S = 2.0      # a function version never started yet
@@ -28,6 +32,8 @@ KEEP_AFTER_S = 0.25       # the expectation outlives the node's expected end by 
 HISTORY = 50              # recent requests per workflow that branch probabilities and gaps come from
 LEAD_WEIGHT = 0.3         # of the newest load in the running mean of lead times
 LEAD_TIMEOUT_S = 60.0
+REMEASURE_AFTER = 30      # requests after which a slowdown measured beside loads is measured again
+LOADS_KEPT_S = 300.0      # how long a finished load's span is kept to compare node runs against
 
 
 class WorkflowHistory:
@@ -39,6 +45,11 @@ class WorkflowHistory:
         self._lead: dict[str, float] = {}
         self._prewarms: dict[str, asyncio.TimerHandle] = {}
         self._waits: dict[tuple[str, str], float] = {}
+        self._loads: list[list] = []           # [function, began, ended or None] (monotonic clock)
+        self._alone: dict[tuple[str, str], float] = {}     # (workflow, function): service time, no load beside
+        self._beside: dict[tuple[str, str], tuple[float, int]] = {}   # ... beside loads, and at which request
+        self._overlap: dict[tuple[str, str], float] = {}   # (workflow, function): its load beside a node's run, s
+        self._requests: dict[str, int] = {}
 
     def loaded(self, function: str, seconds: float) -> None:
         """A load this gateway asked for took ``seconds`` until the function could be routed to:
@@ -51,6 +62,19 @@ class WorkflowHistory:
 
     def arrived(self, workflow: str, at: float) -> None:
         self._arrivals.setdefault(workflow, deque(maxlen=HISTORY + 1)).append(at)
+        self._requests[workflow] = self._requests.get(workflow, 0) + 1
+
+    def load_began(self, function: str, at: float) -> list:
+        """A load this gateway asked for is in flight from ``at`` (monotonic); ``load_ended`` with
+        the returned span closes it."""
+        self._loads = [span for span in self._loads if span[2] is None or at - span[2] < LOADS_KEPT_S]
+        span = [function, at, None]
+        self._loads.append(span)
+        return span
+
+    @staticmethod
+    def load_ended(span: list, at: float) -> None:
+        span[2] = at
 
     def last_arrival(self, workflow: str) -> float | None:
         times = self._arrivals.get(workflow)
@@ -76,6 +100,44 @@ class WorkflowHistory:
             if runs.get(name) is not None and runs[name].status == "ok":
                 self._waits[(workflow, name)] = _running_mean(self._waits.get((workflow, name)),
                                                               waits.get(spec.node(name).function, 0.0))
+
+    def served(self, workflow: str, function: str, began: float, ended: float) -> None:
+        """A node's function served a workflow request from ``began`` to ``ended`` (monotonic,
+        its wait for an instance left out): remembered as alone or beside other functions' loads,
+        and, beside them, how long each of those loads overlapped it."""
+        overlaps = {}
+        for other, start, end in self._loads:
+            overlap = min(ended, end if end is not None else ended) - max(began, start)
+            if other != function and overlap > 0:   # one load may have two spans (planned, then reached cold)
+                overlaps[other] = max(overlaps.get(other, 0.0), overlap)
+        key = (workflow, function)
+        if not overlaps:
+            self._alone[key] = _running_mean(self._alone.get(key), ended - began)
+            return
+        known = self._beside.get(key)
+        self._beside[key] = (_running_mean(known[0] if known else None, ended - began), self._requests.get(workflow, 0))
+        for other, overlap in overlaps.items():
+            self._overlap[(workflow, other)] = _running_mean(self._overlap.get((workflow, other)), overlap)
+
+    def loading_cost(self, workflow: str, spec: WorkflowSpec) -> tuple[dict[str, float], frozenset[str]]:
+        """What loading each node in the slack was measured to cost a request lately (its wait,
+        and its share of the slowdown of the nodes running beside the loads, by how long its load
+        overlapped them), and the nodes whose cost is unknown until a request runs with nothing
+        loading beside it."""
+        now = self._requests.get(workflow, 0)
+        for key in [k for k, (_, at) in self._beside.items() if k[0] == workflow and now - at > REMEASURE_AFTER]:
+            del self._beside[key]
+        waits = self.observed_exposure(workflow)
+        blame = {n.name: self._overlap[(workflow, n.function)] for n in spec.nodes
+                 if (workflow, n.function) in self._overlap}
+        alone = {n.name: self._alone[(workflow, n.function)] for n in spec.nodes if (workflow, n.function) in self._alone}
+        beside = {n.name: self._beside[(workflow, n.function)][0] for n in spec.nodes
+                  if (workflow, n.function) in self._beside}
+        slowdown = interference_s(spec, alone, beside)
+        if slowdown is None:
+            return waits, frozenset(waits) | frozenset(blame)
+        share = shares(slowdown, blame) if beside else {}
+        return {n: round(waits.get(n, 0.0) + share.get(n, 0.0), 6) for n in set(waits) | set(share)}, frozenset()
 
     def observed_exposure(self, workflow: str) -> dict[str, float]:
         return {node: seconds for (name, node), seconds in self._waits.items() if name == workflow}
@@ -148,8 +210,12 @@ def _load(services: Any, function: str, until: float) -> None:
 
 async def _measure_lead(services: Any, function: str) -> None:
     started = time.monotonic()
-    if await services.routing.until_routable(function, LEAD_TIMEOUT_S):
-        services.workflows.loaded(function, time.monotonic() - started)
+    span = services.workflows.load_began(function, started)
+    try:
+        if await services.routing.until_routable(function, LEAD_TIMEOUT_S):
+            services.workflows.loaded(function, time.monotonic() - started)
+    finally:
+        services.workflows.load_ended(span, time.monotonic())
 
 
 def keep_nodes(services: Any, name: str, spec: WorkflowSpec) -> dict[str, node_keepalive.NodeKeep]:
@@ -164,11 +230,15 @@ def keep_nodes(services: Any, name: str, spec: WorkflowSpec) -> dict[str, node_k
         entry = services.functions.get(node.function)
         memory[node.name] = int((entry.spec.get("resources") or {}).get("memory") or 0) if entry else 0
     arrived = services.workflows.last_arrival(name)
-    verdicts = node_keepalive.decide(spec, estimates(services, spec, now), memory, services.workflows.gaps(name),
+    expected = estimates(services, spec, now)
+    cost, probe = services.workflows.loading_cost(name, spec)
+    verdicts = node_keepalive.decide(spec, expected, memory, services.workflows.gaps(name),
                                      services.workflows.probability(name, spec),
                                      price=services.settings.workflow_memory_price,
                                      elapsed_s=max(0.0, now - arrived) if arrived is not None else 0.0,
-                                     observed_exposed=services.workflows.observed_exposure(name))
+                                     observed_exposed=cost, probe=probe)
+    logger.debug("workflow %s keeps (measured cost %s, to measure %s): %s", name, cost, sorted(probe),
+                 "; ".join(f"{n} {v.verdict} ({v.exposed_s:.3f} s: {v.reason})" for n, v in verdicts.items()))
     window = node_keepalive.window_s(services.workflows.gaps(name)) or 0.0
     for node in spec.nodes:
         verdict, function = verdicts[node.name], node.function

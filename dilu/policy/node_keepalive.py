@@ -16,13 +16,20 @@ ancestors take, all warm): ``exposed = max(0, cold_start - slack)``.
       pre-warm  p_early * exposed + price * GiB * (W - unloaded)
       neither   p_need * exposed                      (the function's own keep-alive applies)
 
-  **Pre-warm** releases it once idle and loads it again ``exposed`` plus a margin before ``E``:
-  it is unloaded for ``unloaded = E - elapsed - exposed - margin`` seconds (considered only when
-  that is at least ``MIN_UNLOADED_S``: shorter is churn), and a request that comes before it is
-  loaded again (``p_early``, the share of gaps that short) meets it cold. Regular traffic (a
-  camera's frames, a periodic job) makes it much cheaper than holding; random traffic makes
-  ``E`` small and leaves holding. ``p_need``: the share of gaps within ``W`` times how often the
-  node ran (branches). The cheapest choice wins (ties: hold, then pre-warm).
+  **Pre-warm** releases it once idle and loads it again so that it is ready a margin before
+  ``E``: it is unloaded for ``unloaded = E - elapsed - cold - margin`` seconds (its whole cold
+  start, so that nothing of it runs beside the next request), considered only when that is at least
+  ``MIN_UNLOADED_S`` (shorter is churn); a request that comes before it is loaded again
+  (``p_early``, the share of gaps that short) meets it cold. Regular traffic (a camera's frames,
+  a periodic job) makes it much cheaper than holding; random traffic makes ``E`` small and
+  leaves holding. ``p_need``: the share of gaps within ``W`` times how often the node ran
+  (branches). The cheapest choice wins (ties: hold, then pre-warm).
+- ``exposed`` is the larger of the estimate (counted only above the margin: it is a difference
+  of estimates) and what was **measured**: what the node still waited when loaded in the slack,
+  plus its share of the slowdown its load caused to the nodes running meanwhile
+  (``dilu.policy.interference``), counted above ``NOTICEABLE_S``.
+- A node whose measured cost is not known yet (``probe``) is pre-warmed whenever that is
+  possible, so that a request runs with nothing loading beside it and measures the difference.
 - With too little history, the function's own keep-alive applies.
 """
 
@@ -39,6 +46,7 @@ EARLY_QUANTILE = 0.1
 MIN_UNLOADED_S = 1.0          # a pre-warm that unloads for less is not worth the reload
 MAX_WINDOW_S = 600.0
 MIN_GAPS = 2                  # gaps seen before holding anything
+NOTICEABLE_S = 0.02           # a measured exposure below this is within a request's run-to-run noise
 GiB = 2**30
 DIRECT_QUIET_S = 60.0        # a function that served a direct request this recently is never released early
 
@@ -72,20 +80,22 @@ def window_s(gaps: list[float], quantile: float = WINDOW_QUANTILE, maximum: floa
 def decide(spec: WorkflowSpec, estimates: dict[str, NodeEstimate], memory_bytes: dict[str, int],
            gaps: list[float], ran_probability: dict[str, float], *, price: float = DEFAULT_PRICE,
            margin_s: float = 0.1, elapsed_s: float = 0.0,
-           observed_exposed: dict[str, float] | None = None) -> dict[str, NodeKeep]:
-    """Each node's keep verdict after a request. ``margin_s``: an exposure this small counts as
-    none, and a pre-warm is ready this much before it is needed. ``elapsed_s``: since the
-    request arrived (the gaps count from arrivals). ``observed_exposed``: what nodes loaded in
-    the slack lately still waited when reached; the larger of it and the estimate counts (loads
-    that compete with the running node for the host take longer than either alone)."""
+           observed_exposed: dict[str, float] | None = None, probe: frozenset[str] = frozenset()) -> dict[str, NodeKeep]:
+    """Each node's keep verdict after a request. ``margin_s``: an estimated exposure this small
+    counts as none, and a pre-warm is ready this much before it is needed. ``elapsed_s``: since
+    the request arrived (the gaps count from arrivals). ``observed_exposed``: what loading each
+    node in the slack was measured to cost a request lately (its wait and its share of the
+    slowdown of the nodes beside its load). ``probe``: nodes whose cost is not measured yet."""
     observed = observed_exposed or {}
-    exposed = {n: max(e, observed.get(n, 0.0)) for n, e in exposed_cold_s(spec, estimates).items()}
+    estimated = exposed_cold_s(spec, estimates)
     window = window_s(gaps)
     early = window_s(gaps, EARLY_QUANTILE)
     result = {}
     for node in spec.nodes:
-        shown = exposed[node.name]
-        if shown <= margin_s:
+        measured = observed.get(node.name, 0.0)
+        shown = max(estimated[node.name] if estimated[node.name] > margin_s else 0.0,
+                    measured if measured > NOTICEABLE_S else 0.0)
+        if shown == 0.0 and node.name not in probe:
             result[node.name] = NodeKeep("release", 0.0, shown, "its loading hides in the slack")
             continue
         if window is None or early is None:
@@ -93,12 +103,20 @@ def decide(spec: WorkflowSpec, estimates: dict[str, NodeEstimate], memory_bytes:
             continue
         ran = ran_probability.get(node.name, 1.0)
         gib = memory_bytes.get(node.name, 0) / GiB
+        lead = estimates[node.name].cold_s
+        unloaded = early - elapsed_s - lead - margin_s
+        if node.name in probe and unloaded >= MIN_UNLOADED_S:
+            result[node.name] = NodeKeep("prewarm", window, shown, "pre-warmed once to measure what loading it "
+                                         "beside a request costs", prewarm_in_s=round(unloaded, 6))
+            continue
+        if shown == 0.0:
+            result[node.name] = NodeKeep("release", 0.0, shown, "its loading hides in the slack")
+            continue
         neither = sum(1 for g in gaps if g <= window) / len(gaps) * ran * shown
         hold = price * gib * window
-        unloaded = early - elapsed_s - shown - margin_s
         prewarm = None
         if unloaded >= MIN_UNLOADED_S:
-            p_early = sum(1 for g in gaps if g < elapsed_s + unloaded + shown) / len(gaps)
+            p_early = sum(1 for g in gaps if g < elapsed_s + unloaded + lead) / len(gaps)
             prewarm = p_early * ran * shown + price * gib * max(0.0, window - unloaded)
         best = min(hold, prewarm if prewarm is not None else hold, neither)
         if hold == best:

@@ -141,9 +141,16 @@ async def invoke_workflow(name: str, request: Request, services: ServicesDep,
     waits: dict[str, float] = {}     # per function: how long its node waited for an instance
 
     async def call(function: str, node_body: bytes) -> tuple[int, bytes]:
+        began = time.monotonic()
+        # A node reached cold loads its function now: that load runs beside the nodes running meanwhile.
+        cold = None if services.routing.endpoints(function) else services.workflows.load_began(function, began)
         outcome = await invoke_body(services, function, node_body, max_bytes=max(limit, len(node_body)),
                                     from_workflow=True)
+        if cold is not None:
+            services.workflows.load_ended(cold, began + outcome.queued_s)
         waits[function] = max(waits.get(function, 0.0), outcome.queued_s)
+        if outcome.status < 400:
+            services.workflows.served(name, function, began + outcome.queued_s, time.monotonic())
         return outcome.status, outcome.body
 
     spec = workflow_from_dict(row.spec)

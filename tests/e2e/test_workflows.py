@@ -165,3 +165,64 @@ def test_a_root_called_at_a_steady_rhythm_is_released_and_prewarmed_between_requ
     reply = platform.http.post("/v1/workflows/rhythm/invoke?timings=true", json={"x": 1}).json()
     root_ms = reply["nodes"]["a"]["ended_ms"] - reply["nodes"]["a"]["started_ms"]
     assert reply["output"] == {"x": 3} and root_ms < 500, reply   # a cold root takes its 1 s load
+
+
+def test_a_node_whose_loading_slows_the_running_node_is_loaded_before_the_next_request(  # noqa: ANN001
+        start_platform, tmp_path: Path) -> None:
+    """``busy`` stands for what loading and serving share on a host (its cores): while the leaf
+    loads, the root ``s`` running beside it takes 0.6 s longer. The leaf's 0.3 s load hides in
+    the 1.3 s of its parent ``a``, so by its own wait it would be loaded in the slack every time
+    and slow every request, though it never waits. Measured (``s`` alone while the workflow
+    loaded on demand: the leaf loaded after ``s`` was done; beside the leaf's load once it loads
+    in the slack), that cost makes the rule release the leaf after each request and load it
+    again before the next one."""
+    import tempfile
+    import time
+
+    from tests.waiting import eventually
+
+    platform = start_platform()
+    shared = Path(tempfile.mkdtemp(prefix="dilu-busy-"))
+    shared.chmod(0o777)      # instances run as another user when the worker is root
+    busy = shared / "busy"
+    for name, model, scaling in (
+            ("parent", "{op: add, sleep_s: 1.3}", "min_instances: 1"),
+            ("slowed", f"{{op: add, sleep_s: 1.2, busy_file: '{busy}', busy_extra_s: 0.6}}", "min_instances: 1"),
+            ("leaf", f"{{op: add, load_s: 0.3, busy_file: '{busy}', busy_loading: true}}", "keep_alive_s: 1"),
+            ("total", "{op: sum}", "keep_alive_s: 1")):
+        folder = shutil.copytree(FIXTURE_FUNCTIONS / "step", tmp_path / name)
+        text = (folder / "model.yaml").read_text().replace("name: step", f"name: {name}")
+        text = text.replace("min_instances: 0", scaling) if "min" in scaling else text.replace("keep_alive_s: 300",
+                                                                                                 scaling)
+        (folder / "model.yaml").write_text(text + f"model: {model}\n")
+        assert platform.cli("deploy", str(folder / "model.yaml")).returncode == 0
+    eventually(lambda: not platform.instances("leaf") and not platform.instances("total"), timeout=60,
+               what="the leaf and the total to scale to zero")
+    spec = """
+name: busy
+nodes:
+  - {name: a, function: parent}
+  - {name: s, function: slowed}
+  - {name: l, function: leaf, after: [a]}
+  - {name: t, function: total, after: [l, s]}
+"""
+
+    def ready(function: str) -> bool:
+        return any(row["state"] == "ready" for row in platform.instances(function))
+
+    first = time.time()
+    for number in range(3):          # the arrival process: one request every 4 s
+        loading = "on-demand" if number < 2 else "slack"
+        reply = platform.http.post("/v1/workflows", json={"yaml": spec + f"loading: {loading}\n"})
+        assert reply.status_code in (200, 201), reply.text
+        time.sleep(max(0.0, first + 4 * number - time.time()))
+        reply = platform.http.post("/v1/workflows/busy/invoke", json={"x": 1})
+        assert reply.status_code == 200, reply.text
+    eventually(lambda: not platform.instances("leaf"), timeout=3, what="the leaf to be released after the request")
+    eventually(lambda: ready("leaf"), timeout=4, what="the leaf to be loaded again before the next request")
+    time.sleep(max(0.0, first + 12 - time.time()))
+    sent = time.time()
+    reply = platform.http.post("/v1/workflows/busy/invoke?timings=true", json={"x": 1}).json()
+    slowed_ms = reply["nodes"]["s"]["ended_ms"] - reply["nodes"]["s"]["started_ms"]
+    assert reply["output"] == {"x": 5} and slowed_ms < 1500, reply     # no load ran beside it
+    assert _instance_created(platform, "leaf") < sent

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dilu.workflow import make_workflow
-from gateway.workflow_loading import LEAD_WEIGHT, WorkflowHistory
+from gateway.workflow_loading import LEAD_WEIGHT, REMEASURE_AFTER, WorkflowHistory
 from gateway.workflow_run import NodeRun
 
 pytestmark = pytest.mark.unit
@@ -49,3 +49,60 @@ def test_what_nodes_loaded_ahead_still_waited_is_remembered_and_warm_ones_say_no
     history.waited("w", frozenset({"b"}), {"a": NodeRun("ok"), "b": NodeRun("skipped")}, {}, SPEC)
     assert history.observed_exposure("w") == {"b": pytest.approx(0.3 + LEAD_WEIGHT * (0.0 - 0.3))}
     assert history.observed_exposure("other") == {}
+
+
+CHAIN = make_workflow("""
+name: w
+nodes:
+  - {name: a, function: fa}
+  - {name: b, function: fb, after: [a]}
+  - {name: c, function: fc, after: [a]}
+""")
+
+
+def test_a_node_run_counts_as_beside_loads_only_when_another_functions_load_overlaps_it() -> None:
+    history = WorkflowHistory()
+    history.arrived("w", 0.0)
+    span = history.load_began("fb", 10.0)
+    history.served("w", "fb", 10.5, 10.6)      # its own load ending as it runs: alone
+    history.served("w", "fa", 10.2, 10.5)      # b loading meanwhile: beside
+    history.load_ended(span, 10.4)
+    history.served("w", "fc", 10.45, 10.6)     # after b's load ended: alone
+    history.waited("w", frozenset({"b"}), {"b": NodeRun("ok")}, {"fb": 0.01}, CHAIN)
+    # a was never seen alone: what b's load costs is unknown, so b (loaded ahead) is to be probed.
+    cost, probe = history.loading_cost("w", CHAIN)
+    assert probe == {"b"} and cost == {"b": 0.01}
+    history.served("w", "fa", 20.0, 20.2)      # a request with nothing loading: a took 0.2 s, not 0.3
+    cost, probe = history.loading_cost("w", CHAIN)
+    assert probe == frozenset() and cost == {"b": pytest.approx(0.01 + 0.1)}
+
+
+def test_the_slowdown_beside_loads_is_measured_again_after_a_while() -> None:
+    history = WorkflowHistory()
+    history.arrived("w", 0.0)
+    span = history.load_began("fb", 1.0)
+    history.served("w", "fa", 1.0, 1.4)
+    history.load_ended(span, 1.5)
+    history.served("w", "fa", 5.0, 5.2)
+    history.waited("w", frozenset({"b"}), {"b": NodeRun("ok")}, {"fb": 0.0}, CHAIN)
+    assert history.loading_cost("w", CHAIN)[0]["b"] == pytest.approx(0.4 - 0.2)   # all of it b's
+    for at in range(1, REMEASURE_AFTER + 2):
+        history.arrived("w", float(at))
+    # Stale: no slowdown counts until a request loads beside a again (the next one will).
+    assert history.loading_cost("w", CHAIN) == ({"b": 0.0}, frozenset())
+
+
+def test_the_slowdown_is_blamed_on_the_loads_that_ran_beside_the_nodes_not_on_an_earlier_one() -> None:
+    history = WorkflowHistory()
+    history.arrived("w", 0.0)
+    root = history.load_began("fa", 0.0)      # the root, cold at arrival: loaded before anything runs
+    history.load_ended(root, 0.3)
+    b, c = history.load_began("fb", 0.1), history.load_began("fc", 0.2)
+    history.load_ended(c, 0.4)
+    history.load_ended(b, 0.6)
+    history.served("w", "fa", 0.3, 0.9)       # beside b's load for 0.3 s, beside c's for 0.1 s
+    history.served("w", "fa", 5.0, 5.4)       # alone: 0.4 s, so 0.2 s of slowdown
+    history.waited("w", frozenset({"a", "b", "c"}), {n: NodeRun("ok") for n in "abc"}, {"fa": 0.3}, CHAIN)
+    cost, probe = history.loading_cost("w", CHAIN)
+    assert probe == frozenset()
+    assert cost == {"a": 0.3, "b": pytest.approx(0.15), "c": pytest.approx(0.05)}
