@@ -83,14 +83,26 @@ class ActivityRecorder:
         self._routing = routing
         self._counts: dict[str, dict[int, int]] = {}
         self._last_request: dict[str, float] = {}
-        self._expected: dict[str, float] = {}
+        self._expected: dict[str, dict[object, float]] = {}    # function: {who expects it: until}
         self._release: dict[str, float] = {}
         self._last_direct: dict[str, float] = {}
 
-    def expect(self, function: str, until: float) -> None:
+    def expect(self, function: str, until: float, owner: object = None) -> None:
         """A workflow will need ``function`` until ``until`` (unix time): the controller starts an
-        instance if none runs, and keeps it meanwhile."""
-        self._expected[function] = max(until, self._expected.get(function, 0.0))
+        instance if none runs, and keeps it meanwhile. ``owner`` (a request, a pre-warm) may
+        withdraw its own expectation sooner (``fulfilled``); the latest of all counts."""
+        mine = self._expected.setdefault(function, {})
+        mine[owner] = max(until, mine.get(owner, 0.0))
+
+    def fulfilled(self, function: str, owner: object) -> None:
+        """``owner`` no longer needs ``function`` (its node is done): only others' expectations keep it."""
+        mine = self._expected.get(function)
+        if mine is not None:
+            mine.pop(owner, None)
+
+    def releasable_now(self, function: str) -> bool:
+        """Whether a release hint covers ``function`` now (so it may be unloaded once idle)."""
+        return self._release.get(function, 0.0) > time.time()
 
     def release_when_idle(self, function: str, until: float) -> None:
         """Until ``until``, ``function`` may be unloaded as soon as it is idle: its loading hides in
@@ -111,11 +123,13 @@ class ActivityRecorder:
         """The snapshot to publish and the counts gathered since the last call."""
         counts, self._counts = self._counts, {}
         now = time.time()
-        self._expected = {name: until for name, until in self._expected.items() if until > now}
+        self._expected = {name: live for name, owners in self._expected.items()
+                          if (live := {owner: until for owner, until in owners.items() if until > now})}
         self._release = {name: until for name, until in self._release.items() if until > now}
+        expected = {name: max(owners.values()) for name, owners in self._expected.items()}
         snapshot = {
             name: {"in_flight": self._routing.in_flight(name), "queued": self._routing.queued(name),
-                   "last_request_at": self._last_request.get(name), "expected_until": self._expected.get(name),
+                   "last_request_at": self._last_request.get(name), "expected_until": expected.get(name),
                    "release_idle_until": self._release.get(name), "direct_at": self._last_direct.get(name)}
             for name in set(functions) | set(self._last_request) | set(self._expected)
         }
@@ -280,6 +294,15 @@ class GatewayServices:
             await self.store.publish(Channel.DEMAND, {"function": function})
         except Exception as exc:  # noqa: BLE001
             log.warning("could not signal demand for %s: %s", function, type(exc).__name__)
+
+    async def wake_controller(self) -> None:
+        """Flushes the activity and wakes the controller: releases asked for take effect now,
+        not at its next pass. Never fails: the next flush and pass catch up."""
+        try:
+            await self.flush_activity()
+            await self.store.publish(Channel.DEMAND, {"release": True})
+        except Exception as exc:  # noqa: BLE001
+            log.warning("could not wake the controller: %s", type(exc).__name__)
 
     async def notify(self, channel: Channel, message: dict[str, Any]) -> None:
         """Publishes a change; the database already holds it, so a state store outage only

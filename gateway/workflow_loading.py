@@ -171,7 +171,11 @@ def estimates(services: Any, spec: WorkflowSpec, now: float) -> dict[str, NodeEs
     return result
 
 
-@dataclass
+PREWARM = "pre-warm"       # the owner of a pre-warm's expectation: the next request takes it over
+HOLD = "hold"
+
+
+@dataclass(eq=False)           # the owner of its request's expectations: compared by identity
 class Loads:
     """The loads arranged for one request, and which nodes they are for."""
     handles: list[asyncio.TimerHandle]
@@ -183,26 +187,41 @@ class Loads:
 
 
 def schedule_loads(services: Any, name: str, spec: WorkflowSpec) -> Loads:
-    """Arranges the loads the plan asks for; the caller cancels what is left when the request ends."""
+    """Arranges the loads the plan asks for, and expects every node's function until the node is
+    expected to be done (the request owns those expectations: ``node_finished`` ends each); the
+    caller cancels what is left when the request ends."""
     now = time.time()
     services.workflows.arrived(name, now)
-    timeline = plan(spec, estimates(services, spec, now), policy=spec.loading,
-                    branch_probability=services.workflows.probability(name, spec))
+    expected = estimates(services, spec, now)
+    timeline = plan(spec, expected, policy=spec.loading, branch_probability=services.workflows.probability(name, spec))
     loop = asyncio.get_running_loop()
-    handles = []
+    loads = Loads([], frozenset(n for n, planned in timeline.items() if planned.load_at_s is not None))
     for node_name, planned in timeline.items():
-        if planned.load_at_s is None:
-            continue
         function, until = spec.node(node_name).function, now + planned.done_at_s + KEEP_AFTER_S
+        if expected[node_name].warm:
+            services.activity.expect(function, until, loads)     # kept until its node is done
+        elif planned.load_at_s is not None:
+            loads.handles.append(loop.call_later(planned.load_at_s, _load, services, function, until, loads))
+        services.activity.fulfilled(function, PREWARM)          # what it was pre-warmed for has come
+    return loads
 
-        handles.append(loop.call_later(planned.load_at_s, _load, services, function, until))
-    return Loads(handles, frozenset(n for n, planned in timeline.items() if planned.load_at_s is not None))
+
+def node_finished(services: Any, loads: Loads, spec: WorkflowSpec, node: str, runs: dict[str, NodeRun]) -> None:
+    """A node of the request is done (or skipped): once no other node of the request still needs
+    its function, the request stops expecting it, and a function the keep-alive rule lets go
+    when idle is released now rather than when the whole request ends."""
+    function = spec.node(node).function
+    if any(runs[other.name].status == "pending" for other in spec.nodes if other.function == function):
+        return
+    services.activity.fulfilled(function, loads)
+    if services.activity.releasable_now(function):
+        services.spawn(services.wake_controller())
 
 
-def _load(services: Any, function: str, until: float) -> None:
+def _load(services: Any, function: str, until: float, owner: object = None) -> None:
     """Has ``function`` loaded (if it is not) and kept until ``until``, and measures how long
     the load takes to become routable."""
-    services.activity.expect(function, until)
+    services.activity.expect(function, until, owner)
     services.spawn(services.demand(function))
     if not services.routing.endpoints(function):
         services.spawn(_measure_lead(services, function))
@@ -244,12 +263,14 @@ def keep_nodes(services: Any, name: str, spec: WorkflowSpec) -> dict[str, node_k
         verdict, function = verdicts[node.name], node.function
         others = [verdicts[n.name].verdict for n in spec.nodes if n.function == function]
         if verdict.verdict == "hold":
-            services.activity.expect(function, now + verdict.hold_s)
+            services.activity.expect(function, now + verdict.hold_s, HOLD)
         elif verdict.verdict == "prewarm" and "hold" not in others:
-            services.activity.release_when_idle(function, now + verdict.prewarm_in_s)
+            # Released when idle until the window ends: now, and again once its node is done in
+            # the next request (the pre-warm's expectation keeps it in between).
+            services.activity.release_when_idle(function, now + verdict.hold_s)
             services.workflows.prewarm_later(function, asyncio.get_running_loop().call_later(
-                verdict.prewarm_in_s, _load, services, function, now + verdict.hold_s))
+                verdict.prewarm_in_s, _load, services, function, now + verdict.hold_s, PREWARM))
         elif verdict.verdict == "release" and all(v == "release" for v in others):
             services.activity.release_when_idle(function, now + max(window, KEEP_AFTER_S))
-    services.spawn(services.flush_activity())   # the controller hears of releases now, not at the next flush
+    services.spawn(services.wake_controller())   # the controller acts on releases now, not at its next pass
     return verdicts

@@ -52,9 +52,10 @@ def _error_text(body: bytes) -> str:
         return body.decode("utf-8", errors="replace")[:300]
 
 
-async def run_workflow(spec: WorkflowSpec, request: Any, call: Call) -> tuple[Any, dict[str, NodeRun]]:
+async def run_workflow(spec: WorkflowSpec, request: Any, call: Call,
+                       finished: Callable[[str, dict[str, NodeRun]], None] | None = None) -> tuple[Any, dict[str, NodeRun]]:
     """The output of the first output node that ran, and each node's run (times in ms from the
-    request's start)."""
+    request's start). ``finished(node, runs)`` hears of each node once it ran or was skipped."""
     started = time.perf_counter()
     now_ms = lambda: round((time.perf_counter() - started) * 1000, 3)  # noqa: E731
     runs = {node.name: NodeRun() for node in spec.nodes}
@@ -89,6 +90,8 @@ async def run_workflow(spec: WorkflowSpec, request: Any, call: Call) -> tuple[An
             runs[name].status = "ok"
         finally:
             done[name].set()
+            if finished is not None and runs[name].status in ("ok", "skipped"):
+                finished(name, runs)
 
     tasks = [asyncio.create_task(run(name)) for name in spec.order()]
     try:

@@ -23,7 +23,8 @@ REQUEST_HISTORY_S = 120
 class Channel(str, Enum):
     """Event channels. Messages are small JSON dicts; subscribers must tolerate missing ones."""
 
-    DEMAND = "demand"          # {"function": name}: a request is waiting and nothing serves it
+    DEMAND = "demand"          # {"function": name}: a request is waiting and nothing serves it;
+    #                            {"release": true}: a gateway asked for releases that apply now
     INSTANCES = "instances"    # {"worker": id, "instance": id}: a worker saw an instance change
     ROUTES = "routes"          # {"function": name}: the routing table of a function changed
     FUNCTIONS = "functions"    # {"function": name}: deployed, updated or deleted

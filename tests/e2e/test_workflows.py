@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from datetime import datetime
 from pathlib import Path
 
 from tests.conftest import FIXTURE_FUNCTIONS
@@ -90,8 +91,6 @@ def test_workflow_end_to_end(start_platform, tmp_path: Path) -> None:  # noqa: A
 
 
 def _instance_created(platform, function: str) -> float:  # noqa: ANN001
-    from datetime import datetime
-
     rows = platform.http.get(f"/v1/functions/{function}/instances").json()
     return min(datetime.fromisoformat(r["created_at"]).timestamp() for r in rows)
 
@@ -226,3 +225,40 @@ nodes:
     slowed_ms = reply["nodes"]["s"]["ended_ms"] - reply["nodes"]["s"]["started_ms"]
     assert reply["output"] == {"x": 5} and slowed_ms < 1500, reply     # no load ran beside it
     assert _instance_created(platform, "leaf") < sent
+
+
+def test_a_released_node_leaves_as_soon_as_it_is_done_not_when_the_request_ends(  # noqa: ANN001
+        start_platform, tmp_path: Path) -> None:
+    """A quick root before a 2 s node, called every 4 s: the root is pre-warmed before each
+    request and, once its part is done, released while the rest of the request still runs."""
+    import time
+
+    from tests.waiting import eventually
+
+    platform = start_platform()
+    for name, model in (("quick", "{op: add}"), ("long", "{op: add, sleep_s: 2.0}")):
+        folder = shutil.copytree(FIXTURE_FUNCTIONS / "step", tmp_path / name)
+        (folder / "model.yaml").write_text((folder / "model.yaml").read_text().replace("name: step", f"name: {name}")
+                                           + f"model: {model}\n")
+        assert platform.cli("deploy", str(folder / "model.yaml")).returncode == 0
+    spec = "name: early\nloading: slack\nnodes:\n  - {name: a, function: quick}\n  - {name: b, function: long, after: [a]}\n"
+    assert platform.http.post("/v1/workflows", json={"yaml": spec}).status_code in (200, 201)
+
+    def ready(function: str) -> bool:
+        return any(row["state"] == "ready" for row in platform.instances(function))
+
+    first = time.time()
+    for number in range(3):          # the arrival process: one request every 4 s
+        time.sleep(max(0.0, first + 4 * number - time.time()))
+        reply = platform.http.post("/v1/workflows/early/invoke", json={"x": 1})
+        assert reply.status_code == 200, reply.text
+    eventually(lambda: ready("quick"), timeout=4, what="the root to be loaded again before the next request")
+    time.sleep(max(0.0, first + 12 - time.time()))
+    sent = time.time()
+    reply = platform.http.post("/v1/workflows/early/invoke", json={"x": 1})
+    answered = time.time()
+    assert reply.json() == {"x": 3}
+    rows = platform.http.get("/v1/functions/quick/instances", params={"all": "true"}).json()
+    latest = max(rows, key=lambda row: row["created_at"])
+    assert datetime.fromisoformat(latest["created_at"]).timestamp() < sent, latest      # pre-warmed
+    assert latest["ended_at"] is not None and datetime.fromisoformat(latest["ended_at"]).timestamp() < answered, latest
