@@ -100,6 +100,16 @@ class ActivityRecorder:
         if mine is not None:
             mine.pop(owner, None)
 
+    def take_over(self, function: str, previous: object, owner: object, until: float) -> bool:
+        """``owner`` takes over ``previous``'s expectation of ``function`` (now until ``until``);
+        False, and nothing changes, when ``previous`` has none."""
+        mine = self._expected.get(function)
+        if mine is None or previous not in mine:
+            return False
+        del mine[previous]
+        mine[owner] = max(until, mine.get(owner, 0.0))
+        return True
+
     def releasable_now(self, function: str) -> bool:
         """Whether a release hint covers ``function`` now (so it may be unloaded once idle)."""
         return self._release.get(function, 0.0) > time.time()

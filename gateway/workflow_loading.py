@@ -198,11 +198,13 @@ def schedule_loads(services: Any, name: str, spec: WorkflowSpec) -> Loads:
     loads = Loads([], frozenset(n for n, planned in timeline.items() if planned.load_at_s is not None))
     for node_name, planned in timeline.items():
         function, until = spec.node(node_name).function, now + planned.done_at_s + KEEP_AFTER_S
+        # What it was pre-warmed for has come: the request holds it now (ready or still loading).
+        if services.activity.take_over(function, PREWARM, loads, until):
+            continue
         if expected[node_name].warm:
             services.activity.expect(function, until, loads)     # kept until its node is done
         elif planned.load_at_s is not None:
             loads.handles.append(loop.call_later(planned.load_at_s, _load, services, function, until, loads))
-        services.activity.fulfilled(function, PREWARM)          # what it was pre-warmed for has come
     return loads
 
 

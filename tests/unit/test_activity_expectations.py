@@ -40,3 +40,15 @@ def test_past_expectations_drop_out_and_release_hints_are_visible() -> None:
     assert not activity.releasable_now("f")
     activity.release_when_idle("f", now + 5)
     assert activity.releasable_now("f")
+
+
+def test_a_request_takes_over_a_prewarm_only_where_there_is_one() -> None:
+    activity, now = ActivityRecorder(RoutingTable(queue_size=10)), time.time()
+    request = object()
+    activity.expect("f", now + 30, "pre-warm")
+    assert activity.take_over("f", "pre-warm", request, now + 2)
+    assert _expected_until(activity, "f") == now + 2          # the request's, not the window's
+    assert not activity.take_over("g", "pre-warm", request, now + 2)
+    assert _expected_until(activity, "g") is None
+    activity.fulfilled("f", request)
+    assert _expected_until(activity, "f") is None
