@@ -96,6 +96,7 @@ class InstanceStatus(_Wire):
     exit_code: int | None = None
     was_ready: bool = False
     startup: dict[str, float] | None = None   # seconds per loading stage, once ready (dilu.loading)
+    changed_at: float | None = None            # unix time the worker saw this state begin
 
 
 @dataclass(frozen=True)

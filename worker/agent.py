@@ -40,6 +40,7 @@ class _Instance:
     requested_at: float = field(default_factory=time.time)   # wall clock, to compare with the instance's marks
     startup: dict[str, float] | None = None   # seconds per loading stage (dilu.loading), once ready
     ended_at: float | None = None
+    state_since: float = field(default_factory=time.time)   # wall clock: when the worker saw the state begin
     slice: tuple[float, float] = (0.0, 1.0)   # (request, limit) that applies once the instance is ready
     progress: tuple[float, float] | None = None   # (units, at) last read from a batch-class instance
     progress_per_s: float | None = None
@@ -54,7 +55,7 @@ class _Instance:
             version=self.request.version, state=self.state,
             endpoint=self.running.endpoint if self.running else None, error=self.error,
             pid=self.running.pid if self.running else None, exit_code=self.exit_code,
-            was_ready=self.was_ready, startup=self.startup)
+            was_ready=self.was_ready, startup=self.startup, changed_at=self.state_since)
 
 
 def read_log_tail(path: Path, lines: int) -> str:
@@ -172,7 +173,7 @@ class WorkerAgent:
         record = self._instances.get(instance_id)
         if record is None or record.state in (STOPPED, FAILED, STOPPING):
             return
-        record.state = STOPPING
+        record.state, record.state_since = STOPPING, time.time()
         await self._changed(record)
         if record.running is not None:
             await self._backend.stop(record.running, self._grace_s)
@@ -286,7 +287,7 @@ class WorkerAgent:
                 record.startup = stages_from_marks(record.requested_at, marks) if isinstance(marks, dict) else None
             except (ValueError, AttributeError):
                 record.startup = None   # an instance that answers no marks still serves
-            record.state, record.was_ready = READY, True
+            record.state, record.was_ready, record.state_since = READY, True, time.time()
             self._apply_slice(record)
             await self._changed(record)
         elif now - record.started_at > self._startup_timeout_s:
@@ -295,7 +296,7 @@ class WorkerAgent:
             await self._changed(record)
 
     def _end(self, record: _Instance, state: str, error: str | None) -> None:
-        record.state, record.error, record.ended_at = state, error, time.monotonic()
+        record.state, record.error, record.ended_at, record.state_since = state, error, time.monotonic(), time.time()
         if self._gpu is not None:
             self._gpu.release(record.request.instance_id)
         self._backend.release(record.request.instance_id)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from dilu.messages import FAILED, READY, STARTING, STOPPED, STOPPING, InstanceStatus
@@ -36,10 +36,21 @@ def fold(row: RowView, status: InstanceStatus | None, now: datetime,
     if status.endpoint:
         updates["endpoint"] = status.endpoint
     if status.state == READY:
-        updates["ready_at"] = now
+        updates["ready_at"] = _when(status, row, now)
     if status.state in (FAILED, STOPPED):
-        updates["ended_at"] = now
+        updates["ended_at"] = _when(status, row, now)
         updates["error"] = status.error
     if status.state == STARTING and row.state in (STOPPING,):
         return None  # a stop is in flight; the worker's older view must not undo it
     return updates
+
+
+def _when(status: InstanceStatus, row: RowView, now: datetime) -> datetime:
+    """When the state began as the worker saw it (not when this controller noticed: instance
+    times count the memory held), kept between the row's creation and now (clocks may differ)."""
+    if status.changed_at is None:
+        return now
+    seen = datetime.fromtimestamp(status.changed_at, tz=timezone.utc)
+    if now.tzinfo is None:          # naive UTC, as some databases return it
+        seen = seen.replace(tzinfo=None)
+    return min(now, max(row.created_at, seen))

@@ -33,3 +33,18 @@ def test_fold(label: str, row: RowView, report: InstanceStatus | None, expected:
 
 def test_rows_older_than_the_controller_get_no_grace() -> None:
     assert fold(RowView("i", "ready", NOW), None, NOW, grace_s=0.0)["state"] == "failed"
+
+
+def test_ready_and_ended_times_are_when_the_worker_saw_them_within_the_rows_life() -> None:
+    created = NOW - timedelta(seconds=10)
+    row = RowView("i", "ready", created)
+    stopped = fold(row, status("stopped", changed_at=(NOW - timedelta(seconds=2)).timestamp()), NOW)
+    assert stopped["ended_at"] == NOW - timedelta(seconds=2)      # not when this controller noticed
+    # A worker's clock ahead of the controller's, or behind the row's creation: kept in between.
+    assert fold(row, status("stopped", changed_at=(NOW + timedelta(seconds=5)).timestamp()), NOW)["ended_at"] == NOW
+    ready = fold(RowView("i", "starting", created), status("ready", changed_at=(created - timedelta(seconds=60)).timestamp()),
+                 NOW)
+    assert ready["ready_at"] == created
+    naive = fold(RowView("i", "ready", created.replace(tzinfo=None)),
+                 status("failed", changed_at=(NOW - timedelta(seconds=1)).timestamp()), NOW.replace(tzinfo=None))
+    assert naive["ended_at"] == (NOW - timedelta(seconds=1)).replace(tzinfo=None)
