@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dilu.policy import node_keepalive
-from dilu.policy.interference import interference_s, shares
+from dilu.policy.interference import interference_s, loading_costs
 from dilu.policy.slack import NodeEstimate, plan
 from dilu.workflow import WorkflowSpec
 from gateway.workflow_run import NodeRun
@@ -135,9 +135,8 @@ class WorkflowHistory:
                   if (workflow, n.function) in self._beside}
         slowdown = interference_s(spec, alone, beside)
         if slowdown is None:
-            return waits, frozenset(waits) | frozenset(blame)
-        share = shares(slowdown, blame) if beside else {}
-        return {n: round(waits.get(n, 0.0) + share.get(n, 0.0), 6) for n in set(waits) | set(share)}, frozenset()
+            return loading_costs(waits, 0.0, {}), frozenset(waits) | frozenset(blame)
+        return loading_costs(waits, slowdown, blame), frozenset()
 
     def observed_exposure(self, workflow: str) -> dict[str, float]:
         return {node: seconds for (name, node), seconds in self._waits.items() if name == workflow}

@@ -247,7 +247,10 @@ class WorkerAgent:
                     last_beat = loop.time()
                 except Exception:
                     log.exception("heartbeat failed")
-            await self.check_instances()
+            try:   # one failed pass must not end the loop: the worker would stop heartbeating for good
+                await self.check_instances()
+            except Exception:
+                log.exception("checking instances failed")
             await asyncio.sleep(self._poll_s)
 
     async def check_instances(self) -> None:

@@ -21,6 +21,8 @@ from __future__ import annotations
 from dilu.policy.slack import NodeEstimate, plan
 from dilu.workflow import WorkflowSpec
 
+NOTICEABLE_S = 0.02      # below this, a measured time is within a request's run-to-run noise
+
 
 def critical_path_s(spec: WorkflowSpec, exec_s: dict[str, float]) -> float:
     """The end-to-end time of a request whose nodes are all warm and take ``exec_s`` (missing: 0)."""
@@ -43,3 +45,13 @@ def shares(interference: float, overlap_s: dict[str, float]) -> dict[str, float]
     if total <= 0:
         return {node: interference / len(overlap_s) for node in overlap_s}
     return {node: round(interference * overlap / total, 6) for node, overlap in overlap_s.items()}
+
+
+def loading_costs(waits: dict[str, float], slowdown: float, overlap_s: dict[str, float]) -> dict[str, float]:
+    """What loading each node in the slack costs a request: its wait for its instance (counted
+    above ``NOTICEABLE_S``: one node's noise) plus its share of the slowdown (counted whenever
+    the slowdown is noticeable, however small each share: together they are one cost, and a
+    share near the threshold would flip the node between loaded ahead and not)."""
+    share = shares(slowdown, overlap_s) if slowdown > NOTICEABLE_S and overlap_s else {}
+    return {node: round((waits.get(node, 0.0) if waits.get(node, 0.0) > NOTICEABLE_S else 0.0)
+                        + share.get(node, 0.0), 6) for node in set(waits) | set(share)}

@@ -361,3 +361,33 @@ async def test_a_stop_lets_the_request_in_progress_finish_and_an_idle_instance_e
     await until_state(agent, "i-idle", "ready")
     await agent.stop_instance("i-idle")
     assert agent._backend.exit_code(agent._instances["i-idle"].running) == 0, "a clean exit, not a kill"
+
+
+class _OnceFailingBackend(ProcessBackend):
+    """The process runtime, with one failure reading an instance's exit (a transient OS error)."""
+
+    failures = 1
+
+    def exit_code(self, running):  # noqa: ANN001, ANN201
+        if self.failures:
+            self.failures -= 1
+            raise OSError("transient failure reading the exit status")
+        return super().exit_code(running)
+
+
+async def test_a_failed_pass_over_the_instances_does_not_stop_the_worker(tmp_path: Path) -> None:
+    backend = _OnceFailingBackend(state_dir=tmp_path, cpu=CpuLimiter())
+    agent = _cpu_agent(backend, tmp_path, "w-resilient")
+    runner = asyncio.create_task(agent.run())
+    try:
+        await agent.start_instance(make_start("i-resilient", OK))
+
+        async def ready() -> bool:      # only the agent's own loop checks the instance
+            assert not runner.done(), "the worker's loop ended"
+            return await state_of(agent, "i-resilient") == "ready"
+
+        await async_eventually(ready, timeout=60, what="the instance to become ready through the agent's loop")
+        assert backend.failures == 0
+    finally:
+        runner.cancel()
+        await agent.shutdown()

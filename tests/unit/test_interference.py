@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dilu.policy.interference import critical_path_s, interference_s, shares
+from dilu.policy.interference import critical_path_s, interference_s, loading_costs, shares
 from tests.unit.test_slack import SPEC
 
 pytestmark = pytest.mark.unit
@@ -34,3 +34,11 @@ def test_shares_follow_how_long_each_load_overlapped_the_nodes() -> None:
     assert shares(0.3, {"b": 1.0, "c": 2.0}) == {"b": pytest.approx(0.1), "c": pytest.approx(0.2)}
     assert shares(0.3, {"b": 0.0, "c": 0.0}) == {"b": 0.15, "c": 0.15}
     assert shares(0.3, {}) == {}
+
+
+def test_a_small_wait_is_noise_but_small_shares_of_a_noticeable_slowdown_count() -> None:
+    # 90 ms of slowdown from three loads: 30 ms each counts; a 15 ms wait alone does not.
+    costs = loading_costs({"b": 0.015, "c": 0.05}, 0.09, {"b": 1.0, "c": 1.0, "d": 1.0})
+    assert costs == {"b": pytest.approx(0.03), "c": pytest.approx(0.08), "d": pytest.approx(0.03)}
+    # 15 ms of slowdown is noise too.
+    assert loading_costs({"b": 0.015, "c": 0.05}, 0.015, {"b": 1.0}) == {"b": 0.0, "c": 0.05}
