@@ -141,6 +141,7 @@ def main() -> None:
               **({"DILU_WORKFLOW_MEMORY_PRICE": str(args.price)} if args.price is not None else {})}
     pool = {"DILU_SPARE_PRELOAD": "torch", "DILU_SPARE_PROCESSES": "2", "DILU_SPARE_MAX": "6"}
     table: dict[str, dict] = {}
+    decisions: dict[str, str] = {}     # the per-node keep verdicts after the slack runs
 
     def measure(home: str, folder: Path, env: dict, policies: tuple[str, ...]) -> None:
         platform = Platform(base / home, env={**common, **env})
@@ -151,6 +152,11 @@ def main() -> None:
                 _run(platform, functions, args.warmup, args.gap)    # estimates, branch and gap history
                 table[policy] = _run(platform, functions, args.requests, args.gap)
                 print(f"measured {policy}", file=sys.stderr, flush=True)
+                if policy == "slack":
+                    for workflow in WORKFLOWS:
+                        keep = platform.http.get(f"/v1/workflows/{workflow}").json()["keep"]
+                        decisions[workflow] = ", ".join(f"{n} {d['verdict']} ({d['exposed_s']:.3f} s)"
+                                                        for n, d in keep.items())
         finally:
             platform.close()
 
@@ -170,6 +176,8 @@ def main() -> None:
         row = table[policy]
         print(f"{policy:<11}" + "".join(f"{row[w]['median_s'] * 1000:>18.0f}ms{row[w]['p99_s'] * 1000:>7.0f}ms"
                                         f"{row[w]['memory_mib_s']:>10.0f}" for w in WORKFLOWS))
+    for workflow, kept in decisions.items():
+        print(f"{workflow} slack keep verdicts (exposure): {kept}")
     for workflow in WORKFLOWS if {"warm", "eager", "slack"} <= set(table) else ():
         latency = table["slack"][workflow]["median_s"] / table["warm"][workflow]["median_s"]
         memory = table["slack"][workflow]["memory_mib_s"] / table["eager"][workflow]["memory_mib_s"]

@@ -50,6 +50,7 @@ class WorkflowHistory:
         self._beside: dict[tuple[str, str], tuple[float, int]] = {}   # ... beside loads, and at which request
         self._overlap: dict[tuple[str, str], float] = {}   # (workflow, function): its load beside a node's run, s
         self._requests: dict[str, int] = {}
+        self._decisions: dict[str, dict[str, dict[str, Any]]] = {}
 
     def loaded(self, function: str, seconds: float) -> None:
         """A load this gateway asked for took ``seconds`` until the function could be routed to:
@@ -137,6 +138,14 @@ class WorkflowHistory:
         if slowdown is None:
             return loading_costs(waits, 0.0, {}), frozenset(waits) | frozenset(blame)
         return loading_costs(waits, slowdown, blame), frozenset()
+
+    def decided(self, workflow: str, verdicts: dict[str, node_keepalive.NodeKeep]) -> None:
+        self._decisions[workflow] = {node: {"verdict": v.verdict, "exposed_s": v.exposed_s, "reason": v.reason}
+                                     for node, v in verdicts.items()}
+
+    def decisions(self, workflow: str) -> dict[str, dict[str, Any]]:
+        """The latest keep decision per node of ``workflow`` (empty before its first)."""
+        return self._decisions.get(workflow, {})
 
     def observed_exposure(self, workflow: str) -> dict[str, float]:
         return {node: seconds for (name, node), seconds in self._waits.items() if name == workflow}
@@ -257,6 +266,7 @@ def keep_nodes(services: Any, name: str, spec: WorkflowSpec) -> dict[str, node_k
                                      price=services.settings.workflow_memory_price,
                                      elapsed_s=max(0.0, now - arrived) if arrived is not None else 0.0,
                                      observed_exposed=cost, probe=probe)
+    services.workflows.decided(name, verdicts)
     logger.debug("workflow %s keeps (measured cost %s, to measure %s): %s", name, cost, sorted(probe),
                  "; ".join(f"{n} {v.verdict} ({v.exposed_s:.3f} s: {v.reason})" for n, v in verdicts.items()))
     window = node_keepalive.window_s(services.workflows.gaps(name)) or 0.0

@@ -38,17 +38,23 @@ def list_workflows() -> None:
 
 @workflow_app.command("describe")
 def describe(name: str) -> None:
-    """Show a workflow's nodes, their functions, parents and conditions."""
+    """Show a workflow's nodes, their functions, parents and conditions, and (loading: slack) what
+    the keep-alive rule last decided for each and why."""
     item = call("GET", f"/v1/workflows/{name}")
     out.print(f"{item['name']}  version {item['version']}", highlight=False)
-    table = Table("NODE", "FUNCTION", "AFTER", "WHEN", "TIMEOUT")
+    table = Table("NODE", "FUNCTION", "AFTER", "WHEN", "TIMEOUT", "KEEP")
+    keep = item.get("keep") or {}
     for node in item["spec"]["nodes"]:
         when = node.get("when")
         condition = "" if not when else f"{when['node']}.{when['field']} " + ", ".join(
             f"{k} {json.dumps(v)}" for k, v in when.items() if k not in ("node", "field"))
+        decided = keep.get(node["name"])
         table.add_row(node["name"], node["function"], ", ".join(node.get("after", [])) or "(request)", condition,
-                      f"{node['timeout_s']:g}s" if node.get("timeout_s") else "")
+                      f"{node['timeout_s']:g}s" if node.get("timeout_s") else "",
+                      f"{decided['verdict']} ({decided['exposed_s']:.2f} s exposed)" if decided else "")
     out.print(table)
+    for name, decided in keep.items():
+        out.print(f"{name}: {decided['verdict']}: {decided['reason']}", highlight=False)
 
 
 @workflow_app.command("invoke")

@@ -39,13 +39,16 @@ class WorkflowPublic(BaseModel):
     invoke_url: str
     created_at: datetime
     updated_at: datetime
+    keep: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="loading: slack: this gateway's latest keep decision per node "
+                                          "({verdict: hold|prewarm|release|default, exposed_s, reason})")
 
 
-def _public(row, request: Request) -> WorkflowPublic:  # noqa: ANN001
+def _public(row, request: Request, keep: dict[str, dict[str, Any]] | None = None) -> WorkflowPublic:  # noqa: ANN001
     base = str(request.base_url).rstrip("/")
     return WorkflowPublic(name=row.name, version=row.version, nodes=len(row.spec.get("nodes", [])), spec=row.spec,
                           invoke_url=f"{base}/v1/workflows/{row.name}/invoke", created_at=row.created_at,
-                          updated_at=row.updated_at)
+                          updated_at=row.updated_at, keep=keep or {})
 
 
 @router.post("", response_model=WorkflowPublic, status_code=201, responses={
@@ -98,7 +101,7 @@ async def _load(services, name: str):  # noqa: ANN001, ANN202
 
 @router.get("/{name}", response_model=WorkflowPublic, responses=errors(404))
 async def get_workflow(name: str, request: Request, services: ServicesDep) -> WorkflowPublic:
-    return _public(await _load(services, name), request)
+    return _public(await _load(services, name), request, services.workflows.decisions(name))
 
 
 @router.delete("/{name}", responses=errors(404))

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
+import time
 from datetime import datetime
 from pathlib import Path
 
 from tests.conftest import FIXTURE_FUNCTIONS
+from tests.waiting import eventually
 
 WORKFLOW = """
 name: arith
@@ -96,10 +99,6 @@ def _instance_created(platform, function: str) -> float:  # noqa: ANN001
 
 
 def test_nodes_load_in_the_slack_or_when_reached(start_platform, tmp_path: Path) -> None:  # noqa: ANN001
-    import time
-
-    from tests.waiting import eventually
-
     platform = start_platform()
     # slow: 1.5 s per request after a 1 s load, so a request that meets it cold waits ~2.5 s;
     # what plans b's load is the 1.5 s, not the wait.
@@ -132,38 +131,54 @@ def test_nodes_load_in_the_slack_or_when_reached(start_platform, tmp_path: Path)
     assert created < 0.5 < a_ended            # loaded at the request's arrival
 
 
+def _deploy_step(platform, tmp_path: Path, name: str, model: str, scaling: tuple[str, str] | None = None) -> None:  # noqa: ANN001
+    """The step fixture as function ``name`` with ``model`` options (and one scaling field replaced)."""
+    folder = shutil.copytree(FIXTURE_FUNCTIONS / "step", tmp_path / name)
+    text = (folder / "model.yaml").read_text().replace("name: step", f"name: {name}")
+    if scaling is not None:
+        text = text.replace(*scaling)
+    (folder / "model.yaml").write_text(text + f"model: {model}\n")
+    assert platform.cli("deploy", str(folder / "model.yaml")).returncode == 0
+
+
+def _ready(platform, function: str) -> bool:  # noqa: ANN001
+    return any(row["state"] == "ready" for row in platform.instances(function))
+
+
+def _every_4_s(platform, workflow: str, count: int, before=None) -> float:  # noqa: ANN001
+    """``count`` requests, one every 4 s (the arrival process, not a wait for state); ``before(n)``
+    runs ahead of the n-th. Returns when the first was due."""
+    first = time.time()
+    for number in range(count):
+        if before is not None:
+            before(number)
+        time.sleep(max(0.0, first + 4 * number - time.time()))
+        reply = platform.http.post(f"/v1/workflows/{workflow}/invoke", json={"x": 1})
+        assert reply.status_code == 200, reply.text
+    return first
+
+
 def test_a_root_called_at_a_steady_rhythm_is_released_and_prewarmed_between_requests(  # noqa: ANN001
         start_platform, tmp_path: Path) -> None:
     """The root has no slack: its 1 s load would show in every request. Called every 4 s, it is
     unloaded between requests (though its own keep-alive is 300 s) and loaded again on its own
     just before the next one, which finds it warm."""
-    import time
-
-    from tests.waiting import eventually
-
     platform = start_platform()
-    for name, extra in (("root", "model: {op: add, load_s: 1.0}\n"), ("leaf", "model: {op: add}\n")):
-        folder = shutil.copytree(FIXTURE_FUNCTIONS / "step", tmp_path / name)
-        (folder / "model.yaml").write_text((folder / "model.yaml").read_text().replace("name: step", f"name: {name}")
-                                           + extra)
-        assert platform.cli("deploy", str(folder / "model.yaml")).returncode == 0
+    _deploy_step(platform, tmp_path, "root", "{op: add, load_s: 1.0}")
+    _deploy_step(platform, tmp_path, "leaf", "{op: add}")
     spec = "name: rhythm\nloading: slack\nnodes:\n  - {name: a, function: root}\n  - {name: b, function: leaf, after: [a]}\n"
     assert platform.http.post("/v1/workflows", json={"yaml": spec}).status_code in (200, 201)
-
-    def ready(function: str) -> bool:
-        return any(row["state"] == "ready" for row in platform.instances(function))
-
-    first = time.time()
-    for number in range(3):          # the arrival process: one request every 4 s
-        time.sleep(max(0.0, first + 4 * number - time.time()))
-        reply = platform.http.post("/v1/workflows/rhythm/invoke", json={"x": 1})
-        assert reply.status_code == 200, reply.text
+    first = _every_4_s(platform, "rhythm", 3)
     eventually(lambda: not platform.instances("root"), timeout=3, what="the root to be released after the request")
-    eventually(lambda: ready("root"), timeout=4, what="the root to be loaded again before the next request")
+    eventually(lambda: _ready(platform, "root"), timeout=4, what="the root to be loaded again before the next request")
     time.sleep(max(0.0, first + 12 - time.time()))
     reply = platform.http.post("/v1/workflows/rhythm/invoke?timings=true", json={"x": 1}).json()
     root_ms = reply["nodes"]["a"]["ended_ms"] - reply["nodes"]["a"]["started_ms"]
     assert reply["output"] == {"x": 3} and root_ms < 500, reply   # a cold root takes its 1 s load
+    keep = platform.http.get("/v1/workflows/rhythm").json()["keep"]
+    assert keep["a"]["verdict"] == "prewarm" and keep["a"]["exposed_s"] > 0.5, keep
+    described = platform.cli("workflow", "describe", "rhythm")
+    assert described.returncode == 0 and "a: prewarm: unloaded for" in described.stdout, described.stdout
 
 
 def test_a_node_whose_loading_slows_the_running_node_is_loaded_before_the_next_request(  # noqa: ANN001
@@ -175,26 +190,17 @@ def test_a_node_whose_loading_slows_the_running_node_is_loaded_before_the_next_r
     loaded on demand: the leaf loaded after ``s`` was done; beside the leaf's load once it loads
     in the slack), that cost makes the rule release the leaf after each request and load it
     again before the next one."""
-    import tempfile
-    import time
-
-    from tests.waiting import eventually
-
     platform = start_platform()
     shared = Path(tempfile.mkdtemp(prefix="dilu-busy-"))
     shared.chmod(0o777)      # instances run as another user when the worker is root
     busy = shared / "busy"
-    for name, model, scaling in (
-            ("parent", "{op: add, sleep_s: 1.3}", "min_instances: 1"),
-            ("slowed", f"{{op: add, sleep_s: 1.2, busy_file: '{busy}', busy_extra_s: 0.6}}", "min_instances: 1"),
-            ("leaf", f"{{op: add, load_s: 0.3, busy_file: '{busy}', busy_loading: true}}", "keep_alive_s: 1"),
-            ("total", "{op: sum}", "keep_alive_s: 1")):
-        folder = shutil.copytree(FIXTURE_FUNCTIONS / "step", tmp_path / name)
-        text = (folder / "model.yaml").read_text().replace("name: step", f"name: {name}")
-        text = text.replace("min_instances: 0", scaling) if "min" in scaling else text.replace("keep_alive_s: 300",
-                                                                                                 scaling)
-        (folder / "model.yaml").write_text(text + f"model: {model}\n")
-        assert platform.cli("deploy", str(folder / "model.yaml")).returncode == 0
+    always, briefly = ("min_instances: 0", "min_instances: 1"), ("keep_alive_s: 300", "keep_alive_s: 1")
+    _deploy_step(platform, tmp_path, "parent", "{op: add, sleep_s: 1.3}", always)
+    _deploy_step(platform, tmp_path, "slowed", f"{{op: add, sleep_s: 1.2, busy_file: '{busy}', busy_extra_s: 0.6}}",
+                 always)
+    _deploy_step(platform, tmp_path, "leaf", f"{{op: add, load_s: 0.3, busy_file: '{busy}', busy_loading: true}}",
+                 briefly)
+    _deploy_step(platform, tmp_path, "total", "{op: sum}", briefly)
     eventually(lambda: not platform.instances("leaf") and not platform.instances("total"), timeout=60,
                what="the leaf and the total to scale to zero")
     spec = """
@@ -206,19 +212,14 @@ nodes:
   - {name: t, function: total, after: [l, s]}
 """
 
-    def ready(function: str) -> bool:
-        return any(row["state"] == "ready" for row in platform.instances(function))
-
-    first = time.time()
-    for number in range(3):          # the arrival process: one request every 4 s
+    def set_loading(number: int) -> None:      # on demand twice, then in the slack
         loading = "on-demand" if number < 2 else "slack"
         reply = platform.http.post("/v1/workflows", json={"yaml": spec + f"loading: {loading}\n"})
         assert reply.status_code in (200, 201), reply.text
-        time.sleep(max(0.0, first + 4 * number - time.time()))
-        reply = platform.http.post("/v1/workflows/busy/invoke", json={"x": 1})
-        assert reply.status_code == 200, reply.text
+
+    first = _every_4_s(platform, "busy", 3, before=set_loading)
     eventually(lambda: not platform.instances("leaf"), timeout=3, what="the leaf to be released after the request")
-    eventually(lambda: ready("leaf"), timeout=4, what="the leaf to be loaded again before the next request")
+    eventually(lambda: _ready(platform, "leaf"), timeout=4, what="the leaf to be loaded again before the next request")
     time.sleep(max(0.0, first + 12 - time.time()))
     sent = time.time()
     reply = platform.http.post("/v1/workflows/busy/invoke?timings=true", json={"x": 1}).json()
@@ -231,28 +232,13 @@ def test_a_released_node_leaves_as_soon_as_it_is_done_not_when_the_request_ends(
         start_platform, tmp_path: Path) -> None:
     """A quick root before a 2 s node, called every 4 s: the root is pre-warmed before each
     request and, once its part is done, released while the rest of the request still runs."""
-    import time
-
-    from tests.waiting import eventually
-
     platform = start_platform()
-    for name, model in (("quick", "{op: add}"), ("long", "{op: add, sleep_s: 2.0}")):
-        folder = shutil.copytree(FIXTURE_FUNCTIONS / "step", tmp_path / name)
-        (folder / "model.yaml").write_text((folder / "model.yaml").read_text().replace("name: step", f"name: {name}")
-                                           + f"model: {model}\n")
-        assert platform.cli("deploy", str(folder / "model.yaml")).returncode == 0
+    _deploy_step(platform, tmp_path, "quick", "{op: add}")
+    _deploy_step(platform, tmp_path, "long", "{op: add, sleep_s: 2.0}")
     spec = "name: early\nloading: slack\nnodes:\n  - {name: a, function: quick}\n  - {name: b, function: long, after: [a]}\n"
     assert platform.http.post("/v1/workflows", json={"yaml": spec}).status_code in (200, 201)
-
-    def ready(function: str) -> bool:
-        return any(row["state"] == "ready" for row in platform.instances(function))
-
-    first = time.time()
-    for number in range(3):          # the arrival process: one request every 4 s
-        time.sleep(max(0.0, first + 4 * number - time.time()))
-        reply = platform.http.post("/v1/workflows/early/invoke", json={"x": 1})
-        assert reply.status_code == 200, reply.text
-    eventually(lambda: ready("quick"), timeout=4, what="the root to be loaded again before the next request")
+    first = _every_4_s(platform, "early", 3)
+    eventually(lambda: _ready(platform, "quick"), timeout=4, what="the root to be loaded again before the next request")
     time.sleep(max(0.0, first + 12 - time.time()))
     sent = time.time()
     reply = platform.http.post("/v1/workflows/early/invoke", json={"x": 1})
