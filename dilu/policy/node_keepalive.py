@@ -27,7 +27,8 @@ ancestors take, all warm): ``exposed = max(0, cold_start - slack)``.
 - ``exposed`` is the larger of the estimate (counted only above the margin: it is a difference
   of estimates) and what was **measured**: what the node still waited when loaded in the slack,
   plus its share of the slowdown its load caused to the nodes running meanwhile
-  (``dilu.policy.interference``, which leaves out what is within a request's noise).
+  (``dilu.policy.interference``, which leaves out what is within a request's noise); below
+  ``NEGLIGIBLE_S`` it counts as none.
 - A node whose measured cost is not known yet (``probe``) is pre-warmed whenever that is
   possible, so that a request runs with nothing loading beside it and measures the difference.
 - With too little history, the function's own keep-alive applies.
@@ -46,6 +47,7 @@ EARLY_QUANTILE = 0.1
 MIN_UNLOADED_S = 1.0          # a pre-warm that unloads for less is not worth the reload
 MAX_WINDOW_S = 600.0
 MIN_GAPS = 2                  # gaps seen before holding anything
+NEGLIGIBLE_S = 0.01           # a measured cost below this leaves the node released (not to its keep-alive)
 GiB = 2**30
 DIRECT_QUIET_S = 60.0        # a function that served a direct request this recently is never released early
 
@@ -92,7 +94,9 @@ def decide(spec: WorkflowSpec, estimates: dict[str, NodeEstimate], memory_bytes:
     early = window_s(gaps, EARLY_QUANTILE)
     result = {}
     for node in spec.nodes:
-        shown = max(estimated[node.name] if estimated[node.name] > margin_s else 0.0, observed.get(node.name, 0.0))
+        measured = observed.get(node.name, 0.0)
+        shown = max(estimated[node.name] if estimated[node.name] > margin_s else 0.0,
+                    measured if measured >= NEGLIGIBLE_S else 0.0)
         if shown == 0.0 and node.name not in probe:
             result[node.name] = NodeKeep("release", 0.0, shown, "its loading hides in the slack")
             continue

@@ -84,6 +84,9 @@ def test_a_node_that_was_seen_waiting_counts_as_exposed_though_its_estimate_hide
     # 50 ms a request is worth more than 256 MiB held 3 s (0.0075 s); nothing measured, nothing shown.
     assert decide(SPEC, cold, memory, gaps, ran, observed_exposed={"d": 0.05})["d"].verdict == "hold"
     assert decide(SPEC, cold, memory, gaps, ran, observed_exposed={"d": 0.0})["d"].verdict == "release"
+    # A few ms (a small share of a slowdown): released, not left to the function's keep-alive.
+    rare = decide(SPEC, cold, memory, gaps, {**ran, "d": 0.3}, observed_exposed={"d": 0.006})
+    assert rare["d"].verdict == "release"
 
 
 def test_a_prewarmed_node_is_loaded_again_in_full_before_the_next_request() -> None:
