@@ -33,6 +33,7 @@ from dilu.worker_client import WorkerDirectory, WorkerUnavailable
 log = logging.getLogger(__name__)
 MAX_START_FAILURES = 3
 KEEP_ENDED_INSTANCES = 20
+SHUTDOWN_GRACE_S = 5.0
 
 
 @dataclass
@@ -225,7 +226,15 @@ class Reconciler:
                 await self._store.set_routes(name, endpoints)
                 await self._store.publish(Channel.ROUTES, {"function": name})
 
-    async def shutdown(self) -> None:
+    async def shutdown(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
+        """Lets the worker calls in flight finish for up to ``grace_s``, then cancels the rest: a
+        controller asked to stop must not wait on a slow worker (its stops are idempotent and the
+        next controller folds what the workers report)."""
         self.functions.profiling.cancel_all()
-        if self.ctx.background:
-            await asyncio.gather(*self.ctx.background, return_exceptions=True)
+        pending = set(self.ctx.background)
+        if pending:
+            _, late = await asyncio.wait(pending, timeout=grace_s)
+            for task in late:
+                task.cancel()
+            if late:
+                await asyncio.gather(*late, return_exceptions=True)

@@ -1,0 +1,35 @@
+"""A controller asked to stop does not wait without end on a worker call in flight."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import pytest
+
+from dilu.controller.reconciler import Reconciler
+from dilu.db.engine import make_engine, make_session_factory
+from dilu.default_impl import create_scheduler
+from dilu.state.memory import MemoryStore
+from dilu.worker_client import WorkerDirectory
+
+pytestmark = pytest.mark.integration
+
+
+async def test_shutdown_cancels_worker_calls_that_outlast_the_grace(tmp_path: Path) -> None:
+    engine = make_engine(f"sqlite:///{tmp_path / 'dilu.db'}")
+    async with httpx.AsyncClient() as http:
+        reconciler = Reconciler(sessions=make_session_factory(engine), store=MemoryStore(),
+                                directory=WorkerDirectory(http, None), scheduler=create_scheduler())
+        finished = asyncio.Event()
+
+        async def quick() -> None:
+            finished.set()
+
+        stuck = reconciler.ctx.spawn(asyncio.Event().wait())   # a worker that never answers
+        done = reconciler.ctx.spawn(quick())
+        await reconciler.shutdown(grace_s=0.2)
+    engine.dispose()
+    assert finished.is_set() and done.done()
+    assert stuck.done()          # cancelled: shutdown returned instead of waiting for it
