@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
+import threading
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -33,6 +36,21 @@ OnReady = Callable[[str, str | None], Awaitable[None]]   # (HTTP URL, gRPC addre
 # a client never sends on a connection the gateway is closing at that moment (the request would
 # fail with no reply); 75 s as common proxies do.
 KEEP_ALIVE_S = 75
+CLOSE_TIMEOUT_S = 5.0     # closing a client (HTTP, state store) while stopping
+STOP_WITHIN_S = 15.0      # a stopping controller ends within this, whatever is still in flight
+
+
+def exit_within(seconds: float) -> None:
+    """Ends the process ``seconds`` from now if it has not ended by then: a role told to stop
+    must stop, even with a call stuck in a thread that cancelling cannot reach (the event loop
+    waits for those threads when it closes). Says so in the log."""
+    def watchdog() -> None:
+        time.sleep(seconds)
+        log.warning("still stopping after %.0f s (a call in flight has not returned); exiting", seconds)
+        logging.shutdown()
+        os._exit(0)
+
+    threading.Thread(target=watchdog, name="stop-watchdog", daemon=True).start()
 
 
 class StartupError(Exception):
@@ -228,9 +246,13 @@ async def run_controller(settings: ControllerSettings) -> None:
     try:
         await reconciler.run()
     finally:
+        exit_within(STOP_WITHIN_S)
         await reconciler.shutdown()
-        await http.aclose()
-        await store.close()
+        # Bounded: a connection left half-open by a state store outage must not keep a stopping
+        # controller alive.
+        for closing in (http.aclose(), store.close()):
+            with contextlib.suppress(Exception, asyncio.TimeoutError):
+                await asyncio.wait_for(closing, CLOSE_TIMEOUT_S)
         engine.dispose()
 
 

@@ -33,3 +33,16 @@ async def test_shutdown_cancels_worker_calls_that_outlast_the_grace(tmp_path: Pa
     engine.dispose()
     assert finished.is_set() and done.done()
     assert stuck.done()          # cancelled: shutdown returned instead of waiting for it
+
+
+def test_a_stopping_role_ends_even_with_a_call_stuck_in_a_thread() -> None:
+    import subprocess
+    import sys
+
+    stuck = ("import logging, threading\n"
+             "logging.basicConfig(level=logging.INFO)\n"
+             "from dilu.roles import exit_within\n"
+             "threading.Thread(target=threading.Event().wait).start()   # a call nothing can cancel\n"
+             "exit_within(0.2)\n")
+    done = subprocess.run([sys.executable, "-c", stuck], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "still stopping" in done.stderr, done.stderr
