@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
 import sys
 import time
 from pathlib import Path
@@ -40,6 +41,10 @@ def _run(coroutine) -> None:  # noqa: ANN001
         loop_factory = uvloop.new_event_loop
     except ImportError:
         loop_factory = None
+    # A role started in the background by a non-interactive shell inherits SIGINT ignored; the
+    # gateway and worker stop on it anyway (uvicorn sets its own handlers), and so must the rest.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
             runner.run(coroutine)

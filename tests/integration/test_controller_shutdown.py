@@ -46,3 +46,28 @@ def test_a_stopping_role_ends_even_with_a_call_stuck_in_a_thread() -> None:
              "exit_within(0.2)\n")
     done = subprocess.run([sys.executable, "-c", stuck], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "still stopping" in done.stderr, done.stderr
+
+
+def test_a_role_started_with_sigint_ignored_still_stops_on_it() -> None:
+    """As a non-interactive shell starts background jobs: SIGINT ignored. The role still stops on it."""
+    import signal
+    import subprocess
+    import sys
+
+    role = ("import asyncio, sys\n"
+            "from dilu.cli.main import _run\n"
+            "async def serve():\n"
+            "    print('serving', flush=True)\n"
+            "    await asyncio.Event().wait()\n"
+            "_run(serve())\n")
+    child = subprocess.Popen([sys.executable, "-c", role], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        assert child.stdout.readline().strip() == "serving"
+        child.send_signal(signal.SIGINT)
+        assert child.wait(timeout=60) is not None
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        child.stdout.close()
