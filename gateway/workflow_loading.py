@@ -30,7 +30,8 @@ DEFAULT_EXEC_S = 0.05     # a node of a function this gateway has not served yet
 UNKNOWN_COLD_S = 2.0      # a function version never started yet
 KEEP_AFTER_S = 0.25       # the expectation outlives the node's expected end by this much (estimates' spread)
 HISTORY = 50              # recent requests per workflow that branch probabilities and gaps come from
-LEAD_WEIGHT = 0.3         # of the newest load in the running mean of lead times
+LEAD_WEIGHT = 0.3         # of the newest sample in the running means (waits, service times)
+LEADS_KEPT = 5            # the newest loads of a function its lead estimate comes from
 LEAD_TIMEOUT_S = 60.0
 REMEASURE_AFTER = 30      # requests after which a slowdown measured beside loads is measured again
 LOADS_KEPT_S = 300.0      # how long a finished load's span is kept to compare node runs against
@@ -42,7 +43,7 @@ class WorkflowHistory:
     def __init__(self) -> None:
         self._ran: dict[tuple[str, str], deque[bool]] = {}
         self._arrivals: dict[str, deque[float]] = {}
-        self._lead: dict[str, float] = {}
+        self._leads: dict[str, deque[float]] = {}
         self._prewarms: dict[str, asyncio.TimerHandle] = {}
         self._waits: dict[tuple[str, str], float] = {}
         self._loads: list[list] = []           # [function, began, ended or None] (monotonic clock)
@@ -56,10 +57,10 @@ class WorkflowHistory:
         """A load this gateway asked for took ``seconds`` until the function could be routed to:
         the loading stages plus what they do not cover (the controller's decision, placement,
         the news of readiness reaching the gateway)."""
-        self._lead[function] = _running_mean(self._lead.get(function), seconds)
+        self._leads.setdefault(function, deque(maxlen=LEADS_KEPT)).append(seconds)
 
     def lead_s(self, function: str) -> float | None:
-        return self._lead.get(function)
+        return lead_estimate(self._leads.get(function, ()))
 
     def arrived(self, workflow: str, at: float) -> None:
         self._arrivals.setdefault(workflow, deque(maxlen=HISTORY + 1)).append(at)
@@ -161,6 +162,19 @@ class WorkflowHistory:
             seen = self._ran.get((workflow, node.name))
             result[node.name] = sum(seen) / len(seen) if seen else 0.0
         return result
+
+
+def lead_estimate(samples) -> float | None:  # noqa: ANN001 - any sequence of seconds
+    """How long a load takes to become routable, from the newest samples: the second longest
+    (the longest with fewer than three). A load that shows up late costs a request the
+    difference, one that is early only its memory for that long, so the estimate leans long;
+    but not to the very longest, which can be one load that waited on something unrelated (a
+    load asked for and then no longer needed, which only became routable at the next one) and
+    would otherwise move every later load far ahead of need."""
+    ordered = sorted(samples)
+    if not ordered:
+        return None
+    return ordered[-2] if len(ordered) >= 3 else ordered[-1]
 
 
 def _running_mean(known: float | None, sample: float) -> float:
@@ -270,6 +284,12 @@ def keep_nodes(services: Any, name: str, spec: WorkflowSpec) -> dict[str, node_k
     logger.debug("workflow %s keeps (measured cost %s, to measure %s): %s", name, cost, sorted(probe),
                  "; ".join(f"{n} {v.verdict} ({v.exposed_s:.3f} s: {v.reason})" for n, v in verdicts.items()))
     window = node_keepalive.window_s(services.workflows.gaps(name)) or 0.0
+    # A release hint must last until the node is done in the next request. That one comes within
+    # the window (counted from arrivals) and is done about a window after this one's end; arrivals
+    # and runs jitter, so this request's own length is added as the margin (a hint that ran out
+    # first kept the node until the request ended).
+    took = max(0.0, now - arrived) if arrived is not None else 0.0
+    hint_until = now + max(window, KEEP_AFTER_S) + took
     for node in spec.nodes:
         verdict, function = verdicts[node.name], node.function
         others = [verdicts[n.name].verdict for n in spec.nodes if n.function == function]
@@ -278,10 +298,10 @@ def keep_nodes(services: Any, name: str, spec: WorkflowSpec) -> dict[str, node_k
         elif verdict.verdict == "prewarm" and "hold" not in others:
             # Released when idle until the window ends: now, and again once its node is done in
             # the next request (the pre-warm's expectation keeps it in between).
-            services.activity.release_when_idle(function, now + verdict.hold_s)
+            services.activity.release_when_idle(function, hint_until)
             services.workflows.prewarm_later(function, asyncio.get_running_loop().call_later(
                 verdict.prewarm_in_s, _load, services, function, now + verdict.hold_s, PREWARM))
         elif verdict.verdict == "release" and all(v == "release" for v in others):
-            services.activity.release_when_idle(function, now + max(window, KEEP_AFTER_S))
+            services.activity.release_when_idle(function, hint_until)
     services.spawn(services.wake_controller())   # the controller acts on releases now, not at its next pass
     return verdicts

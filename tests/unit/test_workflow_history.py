@@ -33,12 +33,20 @@ def test_branch_probability_counts_skips_and_ignores_unfinished_nodes() -> None:
     assert history.probability("w", SPEC) == {"a": 1.0, "b": 0.5}
 
 
-def test_lead_time_is_a_running_mean_of_measured_loads() -> None:
+def test_lead_time_leans_long_but_ignores_the_single_longest_of_the_newest_loads() -> None:
     history = WorkflowHistory()
     assert history.lead_s("fb") is None
-    history.loaded("fb", 0.4)
     history.loaded("fb", 0.2)
-    assert history.lead_s("fb") == pytest.approx(0.4 + LEAD_WEIGHT * (0.2 - 0.4))
+    assert history.lead_s("fb") == pytest.approx(0.2)
+    history.loaded("fb", 0.3)
+    assert history.lead_s("fb") == pytest.approx(0.3)      # too few to tell an outlier: the longest
+    history.loaded("fb", 4.0)                               # one load that waited on something else
+    assert history.lead_s("fb") == pytest.approx(0.3)
+    for seconds in (0.25, 0.35, 0.2, 0.2):
+        history.loaded("fb", seconds)
+    assert history.lead_s("fb") == pytest.approx(0.35)     # the newest five: 4.0 is the longest
+    history.loaded("fb", 0.3)                               # ... and now drops out
+    assert history.lead_s("fb") == pytest.approx(0.3)
 
 
 def test_what_nodes_loaded_ahead_still_waited_is_remembered_and_warm_ones_say_nothing() -> None:
