@@ -146,6 +146,18 @@ async def test_graceful_stop_and_idempotence(agent: WorkerAgent) -> None:
         os.kill(status.pid, 0)
 
 
+async def test_a_stopped_instance_runs_its_handlers_own_clean_up(agent: WorkerAgent, tmp_path: Path) -> None:
+    """The instance skips torch's own exit finalizers; the handler's exit handler and finalizer
+    still run before it ends."""
+    record = tmp_path / "record"
+    await agent.start_instance(make_start("i-clean", str(FIXTURE_FUNCTIONS / "clean_exit"),
+                                          handler="handler:CleanExit", model={"record_file": str(record)}))
+    await until_state(agent, "i-clean", "ready")
+    await agent.stop_instance("i-clean")
+    assert await state_of(agent, "i-clean") == "stopped"
+    assert sorted(record.read_text().split()) == ["atexit", "finalizer"]
+
+
 async def test_cpu_slices_throttle_an_instance_and_resize_in_place(agent: WorkerAgent) -> None:
     if not CpuLimiter().available:
         pytest.skip("no writable cgroup cpu controller on this machine")
