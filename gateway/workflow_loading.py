@@ -284,12 +284,8 @@ def keep_nodes(services: Any, name: str, spec: WorkflowSpec) -> dict[str, node_k
     logger.debug("workflow %s keeps (measured cost %s, to measure %s): %s", name, cost, sorted(probe),
                  "; ".join(f"{n} {v.verdict} ({v.exposed_s:.3f} s: {v.reason})" for n, v in verdicts.items()))
     window = node_keepalive.window_s(services.workflows.gaps(name)) or 0.0
-    # A release hint must last until the node is done in the next request. That one comes within
-    # the window (counted from arrivals) and is done about a window after this one's end; arrivals
-    # and runs jitter, so this request's own length is added as the margin (a hint that ran out
-    # first kept the node until the request ended).
     took = max(0.0, now - arrived) if arrived is not None else 0.0
-    hint_until = now + max(window, KEEP_AFTER_S) + took
+    hint_until = now + node_keepalive.release_hint_s(window, took, KEEP_AFTER_S)
     for node in spec.nodes:
         verdict, function = verdicts[node.name], node.function
         others = [verdicts[n.name].verdict for n in spec.nodes if n.function == function]

@@ -134,6 +134,15 @@ def decide(spec: WorkflowSpec, estimates: dict[str, NodeEstimate], memory_bytes:
     return result
 
 
+def release_hint_s(window: float, took_s: float, minimum_s: float = 0.25) -> float:
+    """How long after a request's end a node released or pre-warmed by the rule may still be
+    unloaded the moment it is idle: until it is done in the next request. That one comes within
+    ``window`` of this one's arrival, so it is done about ``window`` after this one's end; arrivals
+    and runs jitter by up to a request's length, so this one's length (``took_s``) is the margin.
+    A hint that ran out first kept the node to the end of its request."""
+    return max(window, minimum_s) + took_s
+
+
 def releasable(release_idle_until: float | None, direct_at: float | None, now: float) -> bool:
     """Whether a function may be unloaded once idle for its workflows' sake: a gateway said so
     lately, and no direct request (one not from a workflow) came in the last ``DIRECT_QUIET_S``."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dilu.policy.node_keepalive import decide, exposed_cold_s, releasable, window_s
+from dilu.policy.node_keepalive import decide, exposed_cold_s, release_hint_s, releasable, window_s
 from tests.unit.test_slack import SPEC, estimates
 
 pytestmark = pytest.mark.unit
@@ -134,3 +134,14 @@ def test_window_is_a_quantile_of_the_gaps_and_bounded() -> None:
 def test_only_workflow_only_functions_are_released(release_until: float | None, direct_at: float | None,
                                                    expected: bool) -> None:
     assert releasable(release_until, direct_at, now=100.0) is expected
+
+
+@pytest.mark.parametrize("late_s", [0.0, 0.2, 0.39])
+def test_a_release_hint_lasts_until_the_node_is_done_in_the_next_request(late_s: float) -> None:
+    """Requests every 4 s, each taking 0.4 s, one arriving up to 0.4 s late: the node, done at the
+    end of the next request, is still covered by the hint given at this one's end (t = 0.4)."""
+    arrived, took, window = 0.0, 0.4, 4.0
+    now = arrived + took
+    next_done = arrived + window + late_s + took
+    assert releasable(now + release_hint_s(window, took), None, now=next_done)
+    assert not releasable(now + release_hint_s(window, took), None, now=next_done + took + 0.01)
