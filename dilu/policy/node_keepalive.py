@@ -12,9 +12,14 @@ ancestors take, all warm): ``exposed = max(0, cold_start - slack)``.
   (``price``: what one GiB held for one second is worth, ``DEFAULT_PRICE``: holding 1 GiB for
   100 s is worth saving 1 s of one request)::
 
-      hold      price * GiB * W                       (loaded from now to the window's end)
-      pre-warm  p_early * exposed + price * GiB * (W - unloaded)
-      neither   p_need * exposed                      (the function's own keep-alive applies)
+      hold      price * GiB * (W + idle)              (loaded from now to the window's end)
+      pre-warm  p_early * exposed + price * GiB * (W - unloaded + idle)
+      neither   p_need * exposed                      (released once idle, loaded when needed)
+
+  ``idle``: held or pre-warmed, the node is loaded when the next request arrives and sits there
+  until it is needed (its slack), where loading it in the slack would have loaded it only its
+  cold start before: ``idle = max(0, slack - cold)``. A node deep in a workflow with a small
+  cost is cheaper loaded in the slack than waiting loaded through the nodes before it.
 
   **Pre-warm** releases it once idle and loads it again so that it is ready a margin before
   ``E``: it is unloaded for ``unloaded = E - elapsed - cold - margin`` seconds (its whole cold
@@ -23,7 +28,10 @@ ancestors take, all warm): ``exposed = max(0, cold_start - slack)``.
   (``p_early``, the share of gaps that short) meets it cold. Regular traffic (a camera's frames,
   a periodic job) makes it much cheaper than holding; random traffic makes ``E`` small and
   leaves holding. ``p_need``: the share of gaps within ``W`` times how often the node ran
-  (branches). The cheapest choice wins (ties: hold, then pre-warm).
+  (branches). The cheapest choice wins (ties: hold, then pre-warm). **Neither** releases it
+  like a node that hides: left to its function's keep-alive instead, it would be held for that
+  long, a memory cost the comparison does not count (and, with a keep-alive shorter than the
+  gaps, a cold start it does).
 - ``exposed`` is the larger of the estimate (counted only above the margin: it is a difference
   of estimates) and what was **measured**: what the node still waited when loaded in the slack,
   plus its share of the slowdown its load caused to the nodes running meanwhile
@@ -63,9 +71,20 @@ class NodeKeep:
 
 def exposed_cold_s(spec: WorkflowSpec, estimates: dict[str, NodeEstimate]) -> dict[str, float]:
     """Each node's cold start left over after its slack, with every other node warm."""
+    needed = _needed_at_s(spec, estimates)
+    return {name: round(max(0.0, estimates[name].cold_s - at), 6) for name, at in needed.items()}
+
+
+def idle_loaded_s(spec: WorkflowSpec, estimates: dict[str, NodeEstimate]) -> dict[str, float]:
+    """How long each node, loaded before a request arrives, sits loaded in it before it is
+    needed, beyond what loading it in the slack would hold: its slack less its cold start."""
+    needed = _needed_at_s(spec, estimates)
+    return {name: round(max(0.0, at - estimates[name].cold_s), 6) for name, at in needed.items()}
+
+
+def _needed_at_s(spec: WorkflowSpec, estimates: dict[str, NodeEstimate]) -> dict[str, float]:
     warm = {n: NodeEstimate(e.exec_s, e.cold_s, True) for n, e in estimates.items()}
-    timeline = plan(spec, warm, policy="on-demand")
-    return {name: round(max(0.0, estimates[name].cold_s - timeline[name].needed_at_s), 6) for name in timeline}
+    return {name: planned.needed_at_s for name, planned in plan(spec, warm, policy="on-demand").items()}
 
 
 def window_s(gaps: list[float], quantile: float = WINDOW_QUANTILE, maximum: float = MAX_WINDOW_S) -> float | None:
@@ -90,6 +109,7 @@ def decide(spec: WorkflowSpec, estimates: dict[str, NodeEstimate], memory_bytes:
     is not measured yet."""
     observed = observed_exposed or {}
     estimated = exposed_cold_s(spec, estimates)
+    idle = idle_loaded_s(spec, estimates)
     window = window_s(gaps)
     early = window_s(gaps, EARLY_QUANTILE)
     result = {}
@@ -115,11 +135,12 @@ def decide(spec: WorkflowSpec, estimates: dict[str, NodeEstimate], memory_bytes:
             result[node.name] = NodeKeep("release", 0.0, shown, "its loading hides in the slack")
             continue
         neither = sum(1 for g in gaps if g <= window) / len(gaps) * ran * shown
-        hold = price * gib * window
+        # Held or pre-warmed, it is also loaded in the next request until it is needed.
+        hold = price * gib * (window + idle[node.name])
         prewarm = None
         if unloaded >= MIN_UNLOADED_S:
             p_early = sum(1 for g in gaps if g < elapsed_s + unloaded + lead) / len(gaps)
-            prewarm = p_early * ran * shown + price * gib * max(0.0, window - unloaded)
+            prewarm = p_early * ran * shown + price * gib * (max(0.0, window - unloaded) + idle[node.name])
         best = min(hold, prewarm if prewarm is not None else hold, neither)
         if hold == best:
             result[node.name] = NodeKeep("hold", window, shown, f"saves {neither:.3f} s per request for "
@@ -129,8 +150,8 @@ def decide(spec: WorkflowSpec, estimates: dict[str, NodeEstimate], memory_bytes:
                                          f"{window:.1f} s before the next request (costs {prewarm:.3f} s, "
                                          f"holding {hold:.3f} s)", prewarm_in_s=round(unloaded, 6))
         else:
-            result[node.name] = NodeKeep("default", 0.0, shown, f"holding it ({hold:.3f}) is worth more than "
-                                         f"the {neither:.3f} s it saves")
+            result[node.name] = NodeKeep("release", 0.0, shown, f"holding it ({hold:.3f}) is worth more than "
+                                         f"the {neither:.3f} s it saves: loaded when needed")
     return result
 
 
