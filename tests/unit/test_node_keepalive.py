@@ -72,11 +72,11 @@ def test_a_rarely_taken_branch_is_not_held() -> None:
 
 def test_regular_traffic_prewarms_a_root_just_before_the_next_request_instead_of_holding_it() -> None:
     # Requests every 4 s, decided 0.5 s after one arrived: a (a root, 0.4 s cold) is unloaded
-    # for 4 - 0.5 - 0.4 - 0.1 = 3 s, then loaded again to be ready 0.1 s before the next request.
+    # for 4 - 0.5 - 0.4 - 0.05 = 3.05 s, then loaded again to be ready 0.05 s before the next request.
     regular = decide(SPEC, estimates({"a": 0.4}), {n: 256 * MiB for n in "abcde"}, gaps=[4.0] * 5,
                      ran_probability={n: 1.0 for n in "abcde"}, elapsed_s=0.5)
     assert regular["a"].verdict == "prewarm"
-    assert regular["a"].prewarm_in_s == pytest.approx(3.0) and regular["a"].hold_s == 4.0
+    assert regular["a"].prewarm_in_s == pytest.approx(3.05) and regular["a"].hold_s == 4.0
     # The same mean gap at random: the next request may come any moment, so a is held.
     random = decide(SPEC, estimates({"a": 0.4}), {n: 256 * MiB for n in "abcde"}, gaps=[0.2, 1.0, 4.0, 8.0, 2.0],
                     ran_probability={n: 1.0 for n in "abcde"}, elapsed_s=0.5)
@@ -114,11 +114,11 @@ def test_a_node_that_was_seen_waiting_counts_as_exposed_though_its_estimate_hide
 def test_a_prewarmed_node_is_loaded_again_in_full_before_the_next_request() -> None:
     # d's 1.5 s load hides on paper; its load was measured to cost requests 0.05 s (it slows the
     # nodes beside it). Requests every 4 s, decided 0.5 s after one: d is reloaded its whole cold
-    # start ahead (4 - 0.5 - 1.5 - 0.1 = 1.9 s from now), not only its exposure.
+    # start ahead (4 - 0.5 - 1.5 - 0.05 = 1.95 s from now), not only its exposure.
     cold = estimates({"a": 0.4, "b": 1.5, "c": 1.5, "d": 1.5})
     verdicts = decide(SPEC, cold, {n: 256 * MiB for n in "abcde"}, [4.0] * 5, {n: 1.0 for n in "abcde"},
                       elapsed_s=0.5, observed_exposed={"d": 0.05})
-    assert verdicts["d"].verdict == "prewarm" and verdicts["d"].prewarm_in_s == pytest.approx(1.9)
+    assert verdicts["d"].verdict == "prewarm" and verdicts["d"].prewarm_in_s == pytest.approx(1.95)
 
 
 def test_nodes_whose_cost_is_unmeasured_are_prewarmed_once_where_possible() -> None:
