@@ -287,6 +287,7 @@ async def test_spares_are_forked_from_the_zygote_and_serve_like_any_instance(tmp
             seen = (await client.post("/infer", json={"modules": ["wave"], "env": ["GREETING"]})).json()
         assert seen["imported"] == {"wave": True}, "the zygote's imports are the fork's"
         assert seen["env"] == {"GREETING": "forked"}
+        assert not _catches(status.pid, signal.SIGCHLD), "the zygote's wake-up on exits is not the fork's"
         if limiter.available:
             assert "/i-forked" in Path(f"/proc/{status.pid}/cgroup").read_text()
         assert "ready" in (tmp_path / "logs" / "i-forked.log").read_text()
@@ -297,6 +298,11 @@ async def test_spares_are_forked_from_the_zygote_and_serve_like_any_instance(tmp
     finally:
         await agent.shutdown()
     assert forked.poll() is not None and backend.pool() is None, "closing the backend ends the zygote and its forks"
+
+
+def _catches(pid: int, sig: int) -> bool:
+    caught = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("SigCgt:"))
+    return bool(int(caught.split()[1], 16) & (1 << (sig - 1)))
 
 
 def _parent_of(pid: int) -> int:

@@ -30,10 +30,20 @@ MAX_MESSAGE = 4096
 def serve_forks(control: socket.socket, become_spare: Callable[[int], None]) -> None:
     """The zygote's loop: forks on request, reports exits; returns when the worker hangs up."""
     control.sendall(b"READY\n")
+    # A child's exit wakes the loop at once (the signal writes a byte to this pipe): until the
+    # worker hears of it, the stopped instance counts as holding its memory (it polled every
+    # 50 ms, and exits were seen in batches).
+    exited, exited_signal = os.pipe()
+    os.set_blocking(exited, False)
+    os.set_blocking(exited_signal, False)
+    signal.set_wakeup_fd(exited_signal)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
     while True:
         _report_exits(control)
-        readable, _, _ = select.select([control], [], [], 0.05)
-        if not readable:
+        readable, _, _ = select.select([control, exited], [], [], 1.0)
+        if exited in readable:
+            _drain(exited)
+        if control not in readable:
             continue
         message, fds, _, _ = socket.recv_fds(control, MAX_MESSAGE, 3)
         if not message:
@@ -44,6 +54,10 @@ def serve_forks(control: socket.socket, become_spare: Callable[[int], None]) -> 
             continue
         pid = os.fork()
         if pid == 0:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            os.close(exited)
+            os.close(exited_signal)
             _in_child(control, fds, become_spare)
         for fd in fds:
             os.close(fd)
@@ -75,6 +89,14 @@ def _in_child(control: socket.socket, fds: list[int], become_spare: Callable[[in
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 512):
+            pass
+    except BlockingIOError:
+        pass
 
 
 def _report_exits(control: socket.socket) -> None:
