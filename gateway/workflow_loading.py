@@ -30,7 +30,7 @@ DEFAULT_EXEC_S = 0.05     # a node of a function this gateway has not served yet
 UNKNOWN_COLD_S = 2.0      # a function version never started yet
 KEEP_AFTER_S = 0.25       # the expectation outlives the node's expected end by this much (estimates' spread)
 HISTORY = 50              # recent requests per workflow that branch probabilities and gaps come from
-LEAD_WEIGHT = 0.3         # of the newest sample in the running means (waits, service times)
+MEAN_WEIGHT = 0.3         # of the newest sample in the running means (waits, service times)
 LEADS_KEPT = 5            # the newest loads of a function its lead estimate comes from
 LEAD_TIMEOUT_S = 60.0
 REMEASURE_AFTER = 30      # requests after which a slowdown measured beside loads is measured again
@@ -178,7 +178,7 @@ def lead_estimate(samples) -> float | None:  # noqa: ANN001 - any sequence of se
 
 
 def _running_mean(known: float | None, sample: float) -> float:
-    return sample if known is None else known + LEAD_WEIGHT * (sample - known)
+    return sample if known is None else known + MEAN_WEIGHT * (sample - known)
 
 
 def estimates(services: Any, spec: WorkflowSpec, now: float) -> dict[str, NodeEstimate]:

@@ -65,7 +65,7 @@ def test_a_role_started_with_sigint_ignored_still_stops_on_it() -> None:
     try:
         assert child.stdout.readline().strip() == "serving"
         child.send_signal(signal.SIGINT)
-        assert child.wait(timeout=60) is not None
+        assert child.wait(timeout=60) == -signal.SIGINT, "it ends on the interrupt, as from a terminal"
     finally:
         if child.poll() is None:
             child.kill()

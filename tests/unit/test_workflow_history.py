@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dilu.workflow import make_workflow
-from gateway.workflow_loading import LEAD_WEIGHT, REMEASURE_AFTER, WorkflowHistory
+from gateway.workflow_loading import MEAN_WEIGHT, REMEASURE_AFTER, WorkflowHistory
 from gateway.workflow_run import NodeRun
 
 pytestmark = pytest.mark.unit
@@ -55,7 +55,7 @@ def test_what_nodes_loaded_ahead_still_waited_is_remembered_and_warm_ones_say_no
     history.waited("w", frozenset({"b"}), ran, {"fa": 0.9, "fb": 0.3}, SPEC)   # a was warm at arrival
     history.waited("w", frozenset({"b"}), ran, {"fb": 0.0}, SPEC)              # b's load hid this time
     history.waited("w", frozenset({"b"}), {"a": NodeRun("ok"), "b": NodeRun("skipped")}, {}, SPEC)
-    assert history.observed_exposure("w") == {"b": pytest.approx(0.3 + LEAD_WEIGHT * (0.0 - 0.3))}
+    assert history.observed_exposure("w") == {"b": pytest.approx(0.3 + MEAN_WEIGHT * (0.0 - 0.3))}
     assert history.observed_exposure("other") == {}
 
 
