@@ -175,9 +175,10 @@ def main() -> None:
     folder = _prepare(base / "cold", keep_alive_s=1, min_instances=0)
     if "cold" in chosen:
         measure("no-pool-home", folder, {"DILU_SPARE_PROCESSES": "0", "DILU_SPARE_MAX": "0"}, ("cold",))
-    pooled = tuple(p for p in ("eager", "on-demand", "slack") if p in chosen)
-    if pooled:
-        measure("pool-home", folder, pool, pooled)
+    for policy in (p for p in ("eager", "on-demand", "slack") if p in chosen):
+        # A platform of its own per policy: what the gateway learnt under another (how long
+        # loads take when every node loads at once, say) must not carry over into this one.
+        measure(f"{policy}-home", folder, pool, (policy,))
 
     print(f"{args.requests} requests per workflow and policy, one every {args.gap:g} s; "
           "latency end to end, memory-time per request")

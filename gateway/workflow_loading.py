@@ -68,11 +68,22 @@ class WorkflowHistory:
 
     def load_began(self, function: str, at: float) -> list:
         """A load this gateway asked for is in flight from ``at`` (monotonic); ``load_ended`` with
-        the returned span closes it."""
+        the returned span closes it. An earlier load of the function still in flight ends here:
+        from now on this one covers it (and it may never have started: see ``superseded``)."""
         self._loads = [span for span in self._loads if span[2] is None or at - span[2] < LOADS_KEPT_S]
+        for older in self._loads:
+            if older[0] == function and older[2] is None:
+                older[2] = at
         span = [function, at, None]
         self._loads.append(span)
         return span
+
+    def superseded(self, span: list) -> bool:
+        """Whether a newer load of the span's function began before this one became routable: a
+        load asked for and then no longer needed (its node skipped or done before the controller
+        acted) is never started, and becomes routable only through the next request's load; its
+        time says nothing of how long loading takes."""
+        return any(other is not span and other[0] == span[0] and other[1] > span[1] for other in self._loads)
 
     @staticmethod
     def load_ended(span: list, at: float) -> None:
@@ -255,10 +266,12 @@ async def _measure_lead(services: Any, function: str) -> None:
     started = time.monotonic()
     span = services.workflows.load_began(function, started)
     try:
-        if await services.routing.until_routable(function, LEAD_TIMEOUT_S):
+        if (await services.routing.until_routable(function, LEAD_TIMEOUT_S)
+                and not services.workflows.superseded(span)):
             services.workflows.loaded(function, time.monotonic() - started)
     finally:
-        services.workflows.load_ended(span, time.monotonic())
+        if span[2] is None:
+            services.workflows.load_ended(span, time.monotonic())
 
 
 def keep_nodes(services: Any, name: str, spec: WorkflowSpec) -> dict[str, node_keepalive.NodeKeep]:

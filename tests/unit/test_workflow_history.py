@@ -49,6 +49,19 @@ def test_lead_time_leans_long_but_ignores_the_single_longest_of_the_newest_loads
     assert history.lead_s("fb") == pytest.approx(0.3)
 
 
+def test_a_load_overtaken_by_a_newer_one_of_its_function_is_not_a_lead_time() -> None:
+    """A load asked for and then no longer needed is never started: it becomes routable only
+    through the next request's load, seconds later, which is no measure of loading."""
+    history = WorkflowHistory()
+    stray = history.load_began("fb", 10.0)
+    assert not history.superseded(stray)
+    newer = history.load_began("fb", 14.0)
+    assert history.superseded(stray) and not history.superseded(newer)
+    assert stray[2] == 14.0           # its span (what nodes ran beside) ends where the newer one begins
+    other = history.load_began("fc", 14.1)
+    assert not history.superseded(newer) and not history.superseded(other)
+
+
 def test_what_nodes_loaded_ahead_still_waited_is_remembered_and_warm_ones_say_nothing() -> None:
     history = WorkflowHistory()
     ran = {"a": NodeRun("ok"), "b": NodeRun("ok")}
