@@ -158,6 +158,28 @@ async def test_a_stopped_instance_runs_its_handlers_own_clean_up(agent: WorkerAg
     assert sorted(record.read_text().split()) == ["atexit", "finalizer"]
 
 
+async def test_an_instance_stopped_mid_request_answers_it_then_runs_its_clean_up(agent: WorkerAgent,
+                                                                                 tmp_path: Path) -> None:
+    """A stop drains the request in flight; the signal the server raises again once drained
+    still ends the instance through its exit handlers (at the default disposition it killed the
+    process before them)."""
+    record = tmp_path / "record"
+    status = await agent.start_instance(make_start("i-drain", str(FIXTURE_FUNCTIONS / "clean_exit"),
+                                                   handler="handler:CleanExit",
+                                                   model={"record_file": str(record), "hold_s": 0.5}))
+    await until_state(agent, "i-drain", "ready")
+    async with httpx.AsyncClient(base_url=status.endpoint, timeout=30) as client:
+        reply = asyncio.create_task(client.post("/infer", json={}))
+        async def in_flight() -> bool:
+            return record.exists() and "request" in record.read_text()
+
+        await async_eventually(in_flight, timeout=30, what="the request to be in flight")
+        await agent.stop_instance("i-drain")
+        assert (await reply).status_code == 200
+    assert await state_of(agent, "i-drain") == "stopped"
+    assert sorted(record.read_text().split()) == ["atexit", "finalizer", "request"]
+
+
 async def test_cpu_slices_throttle_an_instance_and_resize_in_place(agent: WorkerAgent) -> None:
     if not CpuLimiter().available:
         pytest.skip("no writable cgroup cpu controller on this machine")

@@ -18,6 +18,7 @@ import contextlib
 import functools
 import json
 import os
+import signal
 import socket
 import sys
 import threading
@@ -190,6 +191,10 @@ def serve(config: InstanceConfig, listener: socket.socket, assigned_at: float | 
     # A socket object, not uvicorn's fd=: socket(fileno=...) detects the real family (fd= assumes
     # AF_UNIX, which leaves Nagle on for TCP and costs ~40 ms per response through delayed ACKs).
     server = _prompt_server(_uvicorn_config(app))
+    # uvicorn drains requests in flight on SIGTERM, then raises the signal again under the
+    # disposition it found: left at the default, that kills the process before the exit
+    # handlers (the handler's own clean-up) run. Found as this handler, it exits through them.
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: exit_now())
     server.run(sockets=[listener])
 
 
