@@ -27,8 +27,11 @@ class Actuator:
 
     async def start(self, function: FunctionRow, chosen: Slice, live: Sequence[WorkerInfo], reason: str, *,
                     role: InstanceRole = InstanceRole.SERVE, batch_override: int | None = None, wait_ms: float | None = None,
-                    ) -> InstanceRow | None:
-        """Places and starts one instance; None (with an event) when nothing fits or the worker fails."""
+                    in_background: bool = False) -> InstanceRow | None:
+        """Places and starts one instance; None (with an event) when nothing fits or the worker fails.
+        ``in_background``: the row is placed now, the worker's start order goes out in a task (a
+        worker that fails it fails the row there), so a pass that starts several instances does
+        not wait on each worker call in turn before it publishes routes and acts on the rest."""
         typed = function.typed_spec
         request = PlacementRequest(function.name, typed.resources.memory, chosen.sm_request, chosen.sm_limit,
                                    typed.function_class, typed.resources.gpu)
@@ -57,14 +60,20 @@ class Actuator:
         order = StartInstance(instance_id=instance_id, function=function.name, version=function.version,
                               spec=spec, source_dir=function.source_dir, memory_bytes=request.memory_bytes,
                               sm_request=chosen.sm_request, sm_limit=chosen.sm_limit, bundle=function.bundle)
+        if in_background:
+            self.ctx.spawn(self._order_start(client, order, row))
+            return row
+        return await self._order_start(client, order, row)
+
+    async def _order_start(self, client, order: StartInstance, row: InstanceRow) -> InstanceRow | None:  # noqa: ANN001
         try:
             status = await client.start_instance(order)
         except WorkerUnavailable as exc:
-            await self.ctx.db(repo.update_instance, instance_id=instance_id, state=FAILED, error=str(exc),
+            await self.ctx.db(repo.update_instance, instance_id=row.id, state=FAILED, error=str(exc),
                               ended_at=utcnow())
             return None
         if status.endpoint:
-            await self.ctx.db(repo.update_instance, instance_id=instance_id, endpoint=status.endpoint)
+            await self.ctx.db(repo.update_instance, instance_id=row.id, endpoint=status.endpoint)
             row.endpoint = status.endpoint
         return row
 

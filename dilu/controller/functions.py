@@ -77,7 +77,7 @@ class FunctionManager:
         decision = self._decide(function, rows, current, profile, activity, telemetry, memory)
         if decision.desired > len(current):
             for _ in range(decision.desired - len(current)):
-                if await self.actuator.start(function, chosen, live, decision.reason) is None:
+                if await self.actuator.start(function, chosen, live, decision.reason, in_background=True) is None:
                     break
         elif decision.desired < len(current):
             # Starting instances go first, then the newest ready ones.

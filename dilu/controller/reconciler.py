@@ -116,6 +116,11 @@ class Reconciler:
         await self._fold_observations(snapshot, observed, reachable, now)
         await self._stop_orphans(snapshot, observed, live)
         snapshot = await asyncio.to_thread(self._read_snapshot)
+        # Instances that became ready take traffic now, not once this pass has decided for every
+        # function and made the worker calls that asks for (on a busy host, a tenth of a second
+        # in which a loaded instance holds its memory and its requests wait). Stops still go out
+        # only after the final routes below.
+        await self._publish_routes(snapshot)
         activity = self._activity = await self._store.function_activity()
         telemetry = await self._store.telemetry()
         self.functions.forget_except({(f.name, f.version) for f in snapshot.functions})

@@ -3,27 +3,10 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from pathlib import Path
-
-import pytest
-from sqlalchemy import inspect
 
 from dilu.db import repo
-from dilu.db.engine import make_engine, make_session_factory, migrate
 from dilu.db.models import InstanceRow, utcnow
 from tests.builders import make_spec_dict, make_worker
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def sessions(request: pytest.FixtureRequest, tmp_path: Path):  # noqa: ANN201
-    url = f"sqlite:///{tmp_path / 'db' / 'dilu.db'}" if request.param == "sqlite" \
-        else request.getfixturevalue("postgres_url")
-    migrate(url)
-    migrate(url)  # idempotent
-    engine = make_engine(url)
-    assert {"functions", "instances", "workers", "scaling_events"} <= set(inspect(engine).get_table_names())
-    yield make_session_factory(engine)
-    engine.dispose()
 
 
 def _instance(instance_id: str, function: str = "fn", worker: str = "w1", state: str = "ready") -> InstanceRow:

@@ -1,0 +1,23 @@
+"""Fixtures shared by the integration tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sqlalchemy import inspect
+
+from dilu.db.engine import make_engine, make_session_factory, migrate
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def sessions(request: pytest.FixtureRequest, tmp_path: Path):  # noqa: ANN201
+    """Sessions on a migrated SQLite file, then on the migrated PostgreSQL test database."""
+    url = f"sqlite:///{tmp_path / 'db' / 'dilu.db'}" if request.param == "sqlite" \
+        else request.getfixturevalue("postgres_url")
+    migrate(url)
+    migrate(url)  # idempotent
+    engine = make_engine(url)
+    assert {"functions", "instances", "workers", "scaling_events"} <= set(inspect(engine).get_table_names())
+    yield make_session_factory(engine)
+    engine.dispose()

@@ -1,0 +1,114 @@
+"""A reconcile pass with instances to start: it publishes the routes of instances that became
+ready first, and does not wait on each worker's start order in turn."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from dilu.controller.reconciler import Reconciler
+from dilu.db import repo
+from dilu.db.models import InstanceRow, utcnow
+from dilu.default_impl import create_scheduler
+from dilu.messages import READY, STARTING, FunctionStatus, InstanceStatus, StartInstance
+from dilu.state.memory import MemoryStore
+from dilu.worker_client import WorkerDirectory
+from tests.builders import make_spec_dict, make_worker
+from tests.waiting import async_eventually
+
+pytestmark = pytest.mark.integration
+
+PINNED = {"memory": "64Mi", "gpu": False, "sm_request": 0.5, "sm_limit": 0.5}   # no profiling
+
+
+class HeldStartsWorker:
+    """A worker whose start orders wait until ``release`` is set; it notes the routes the state
+    store held when each order came, and reports the instances it was given (or told of)."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self.store = store
+        self.release = asyncio.Event()
+        self.statuses: dict[str, InstanceStatus] = {}
+        self.routes_when_ordered: dict[str, set[str]] = {}
+
+    async def start_instance(self, request: StartInstance) -> InstanceStatus:
+        self.routes_when_ordered[request.function] = set(await self.store.get_routes())
+        await self.release.wait()
+        status = InstanceStatus(request.instance_id, request.function, request.version, STARTING,
+                                endpoint=f"http://127.0.0.1:9/{request.instance_id}")
+        self.statuses[request.instance_id] = status
+        return status
+
+    async def stop_instance(self, instance_id: str) -> None:
+        self.statuses.pop(instance_id, None)
+
+    async def list_instances(self) -> list[InstanceStatus]:
+        return list(self.statuses.values())
+
+    async def read_logs(self, instance_id: str, tail: int = 200) -> str:
+        return ""
+
+    async def set_slice(self, instance_id: str, sm_request: float, sm_limit: float) -> bool:
+        return False
+
+    async def info(self) -> dict:
+        return {"runtime_pool": None}
+
+
+def _ready_function(sessions, name: str) -> None:  # noqa: ANN001
+    with sessions() as session:
+        repo.upsert_function(session=session, spec=make_spec_dict(name, resources=PINNED,
+                                                                  scaling={"min_instances": 1}), source_dir="/code")
+        repo.set_function_status(session=session, name=name, version=1, status=FunctionStatus.READY.value)
+
+
+async def _controller(sessions, http: httpx.AsyncClient) -> tuple[Reconciler, HeldStartsWorker]:  # noqa: ANN001
+    store = MemoryStore()
+    await store.heartbeat(make_worker("w1"), ttl_s=60)
+    directory = WorkerDirectory(http, None)
+    worker = HeldStartsWorker(store)
+    directory.register_local("w1", worker)
+    return Reconciler(sessions=sessions, store=store, directory=directory, scheduler=create_scheduler()), worker
+
+
+async def test_a_pass_does_not_wait_for_the_worker_to_take_a_start_order(sessions) -> None:  # noqa: ANN001
+    _ready_function(sessions, "fa")
+    async with httpx.AsyncClient() as http:
+        reconciler, worker = await _controller(sessions, http)
+        try:
+            await asyncio.wait_for(reconciler.reconcile_once(), timeout=20)   # the worker still holds the order
+            with sessions() as session:
+                rows = repo.list_instances(session=session, active_only=True)
+            assert [(r.function, r.state, r.endpoint) for r in rows] == [("fa", STARTING, None)]
+            worker.release.set()
+
+            async def endpoint_known() -> bool:
+                with sessions() as session:
+                    return repo.list_instances(session=session, active_only=True)[0].endpoint is not None
+
+            await async_eventually(endpoint_known, timeout=20, what="the start order's answer to be recorded")
+        finally:
+            worker.release.set()
+            await reconciler.shutdown()
+
+
+async def test_an_instance_that_became_ready_is_routable_before_the_pass_starts_others(sessions) -> None:  # noqa: ANN001
+    _ready_function(sessions, "fa")
+    _ready_function(sessions, "fb")
+    with sessions() as session:
+        repo.upsert_workers(session=session, workers=[make_worker("w1")], now=utcnow())
+        repo.create_instance(session=session, row=InstanceRow(id="fb-1", function="fb", function_version=1,
+                                                              worker_id="w1", state=STARTING, memory_bytes=64 * 2**20,
+                                                              sm_request=0.5, sm_limit=0.5))
+    async with httpx.AsyncClient() as http:
+        reconciler, worker = await _controller(sessions, http)
+        worker.release.set()
+        worker.statuses["fb-1"] = InstanceStatus("fb-1", "fb", 1, READY, endpoint="http://127.0.0.1:9/fb-1")
+        try:
+            await reconciler.reconcile_once()
+        finally:
+            await reconciler.shutdown()
+    assert "fa" in worker.routes_when_ordered, "fa had no instance: the pass should have started one"
+    assert "fb" in worker.routes_when_ordered["fa"], "fb's ready instance was not routable yet"
