@@ -113,7 +113,7 @@ class FunctionActivity:
 
     in_flight: int = 0
     queued: int = 0
-    last_request_at: float | None = None
+    last_request_at: float | None = None   # the latest a request began or was answered: idle since then
     requests: dict[int, int] = field(default_factory=dict)  # unix second -> count
     expected_until: float | None = None   # a workflow will need it until then (unix time): keep or load it
     release_idle_until: float | None = None   # until then it may be unloaded once idle (its loading hides in a

@@ -129,6 +129,12 @@ class ActivityRecorder:
         per_second[second] = per_second.get(second, 0) + 1
         self._last_request[function] = now
 
+    def answered(self, function: str) -> None:
+        """An instance of ``function`` answered (or failed) a request: the function is idle from
+        now, not from when the request began (``last_request_at``, which its keep-alive counts
+        from: a request longer than the keep-alive had its instance stopped as it answered)."""
+        self._last_request[function] = time.time()
+
     def take(self, functions: list[str]) -> tuple[dict[str, dict[str, Any]], dict[str, dict[int, int]]]:
         """The snapshot to publish and the counts gathered since the last call."""
         counts, self._counts = self._counts, {}

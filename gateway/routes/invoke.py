@@ -177,6 +177,7 @@ async def _invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
             return _error(502, f"instance {endpoint.instance_id} failed while serving the request: {exc}")
         finally:
             routing.release(name, endpoint.instance_id)
+            services.activity.answered(name)
         if is_loading(reply.status, reply.headers):
             tried = tried | {endpoint.instance_id}
             continue

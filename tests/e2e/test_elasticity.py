@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import time
+from datetime import datetime
 from pathlib import Path
 
 from tests.conftest import FIXTURE_FUNCTIONS
@@ -57,3 +59,25 @@ def test_killed_instance_is_replaced_and_the_next_request_succeeds(start_platfor
                timeout=30, what="the crash to be recorded")
     eventually(lambda: [i["state"] for i in platform.instances("sturdy")] == ["ready"], timeout=60,
                what="exactly one ready replacement")
+
+
+def test_the_keep_alive_counts_from_when_the_last_request_was_answered(start_platform, tmp_path: Path) -> None:
+    """A request longer than the keep-alive (3 s of work, 2 s kept): the instance stays its
+    keep-alive after the answer (counted from the request's start, it was stopped as it answered)."""
+    platform = start_platform()
+    spec = _copy_with(tmp_path, "cpu_burn", "longrun", "scaling:\n  min_instances: 0\n  keep_alive_s: 2\n")
+    spec.write_text(spec.read_text().replace("cpu_ms: 20", "cpu_ms: 3000").replace("name: burn", "name: longrun"))
+    assert platform.cli("deploy", str(spec)).returncode == 0
+    eventually(lambda: not platform.instances("longrun"), timeout=60, what="the deployment's instance to go")
+    reply = platform.invoke("longrun", {})
+    answered = time.time()
+    assert reply.status_code == 200, reply.text
+    instance = reply.headers["x-dilu-instance"]
+
+    def ended() -> float | None:
+        rows = platform.http.get("/v1/functions/longrun/instances", params={"all": "true"}).json()
+        row = next((r for r in rows if r["id"] == instance and r["ended_at"]), None)
+        return datetime.fromisoformat(row["ended_at"]).timestamp() if row else None
+
+    stopped = eventually(ended, timeout=60, what="the idle instance to be stopped")
+    assert stopped - answered >= 1.5, f"stopped {stopped - answered:.2f} s after it answered (keep-alive 2 s)"
