@@ -9,7 +9,9 @@ request meets cold nodes. Policies: `cold` (a node starts from nothing when reac
 pool, nothing loaded ahead), `eager` (every cold node starts loading when the request arrives),
 `on-demand` (a node loads when reached), `slack` (a node loads just in time for when it is needed,
 and each node is held or released by the per-node keep-alive rule), the last three from the
-runtime pool; beside `warm` (every function kept running: the latency to match). The AMBER
+runtime pool; beside `warm` (every function kept running: the latency to match). Each policy
+runs on a platform of its own, after ``--warmup`` requests, so none inherits what the gateway
+learnt of the functions' loads under another. The AMBER
 workflow's requests ask for a translation one time in three (its last node is a branch). Prints
 median and p99 end-to-end latency and the memory held (instance-seconds x memory, over the span
 of the measured requests, per request) for each, and the two targets: slack within 1.3x of
@@ -35,6 +37,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from dilu.controller.reconciler import KEEP_ENDED_INSTANCES  # noqa: E402
 from tests.platform import Platform  # noqa: E402  (reuses the harness that runs `dilu up`)
 
 EXAMPLES = ROOT / "examples" / "workflows"
@@ -141,6 +144,9 @@ def main() -> None:
     unknown = set(WORKFLOWS) - {p.name for p in EXAMPLES.iterdir() if (p / "workflow.yaml").exists()}
     if unknown or not WORKFLOWS:
         parser.error(f"unknown workflows: {', '.join(sorted(unknown)) or '(none given)'}")
+    if args.requests + args.warmup > KEEP_ENDED_INSTANCES - 2:
+        parser.error(f"--requests plus --warmup at most {KEEP_ENDED_INSTANCES - 2}: memory-time is read from the "
+                     f"instances the controller keeps ({KEEP_ENDED_INSTANCES} ended per function)")
     chosen = [p for p in args.policies.split(",") if p]
     if not chosen or set(chosen) - set(POLICIES):
         parser.error(f"unknown policies: {', '.join(sorted(set(chosen) - set(POLICIES))) or '(none given)'}; "
