@@ -94,6 +94,11 @@ class ActivityRecorder:
         mine = self._expected.setdefault(function, {})
         mine[owner] = max(until, mine.get(owner, 0.0))
 
+    def expects(self, function: str) -> bool:
+        """Whether anyone (a request, a pre-warm, a hold) still expects ``function`` now."""
+        now = time.time()
+        return any(until > now for until in self._expected.get(function, {}).values())
+
     def fulfilled(self, function: str, owner: object) -> None:
         """``owner`` no longer needs ``function`` (its node is done): only others' expectations keep it."""
         mine = self._expected.get(function)

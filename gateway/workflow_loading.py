@@ -266,8 +266,10 @@ async def _measure_lead(services: Any, function: str) -> None:
     started = time.monotonic()
     span = services.workflows.load_began(function, started)
     try:
+        # A load nobody wants any more when its function becomes routable (its node was skipped
+        # or done first) was likely never started: the function came through something else.
         if (await services.routing.until_routable(function, LEAD_TIMEOUT_S)
-                and not services.workflows.superseded(span)):
+                and not services.workflows.superseded(span) and services.activity.expects(function)):
             services.workflows.loaded(function, time.monotonic() - started)
     finally:
         if span[2] is None:

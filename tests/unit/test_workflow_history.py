@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+from types import SimpleNamespace
+
 import pytest
 
+from dilu.messages import Endpoint
 from dilu.workflow import make_workflow
-from gateway.workflow_loading import MEAN_WEIGHT, REMEASURE_AFTER, WorkflowHistory
+from gateway.routing import RoutingTable
+from gateway.services import ActivityRecorder
+from gateway.workflow_loading import MEAN_WEIGHT, REMEASURE_AFTER, WorkflowHistory, _measure_lead
 from gateway.workflow_run import NodeRun
 
 pytestmark = pytest.mark.unit
@@ -60,6 +67,23 @@ def test_a_load_overtaken_by_a_newer_one_of_its_function_is_not_a_lead_time() ->
     assert stray[2] == 14.0           # its span (what nodes ran beside) ends where the newer one begins
     other = history.load_began("fc", 14.1)
     assert not history.superseded(newer) and not history.superseded(other)
+
+
+@pytest.mark.parametrize("still_wanted", [True, False])
+async def test_a_load_counts_as_a_lead_time_only_if_it_is_still_wanted_when_routable(still_wanted: bool) -> None:
+    """A load whose node was skipped before the controller acted was never started: when its
+    function becomes routable (a deployment, a direct request), that time says nothing."""
+    routing = RoutingTable(queue_size=10)
+    services = SimpleNamespace(routing=routing, workflows=WorkflowHistory(), activity=ActivityRecorder(routing))
+    request = object()
+    services.activity.expect("fb", time.time() + 60, request)
+    measuring = asyncio.create_task(_measure_lead(services, "fb"))
+    await asyncio.sleep(0)                  # the measurement is waiting for the function
+    if not still_wanted:
+        services.activity.fulfilled("fb", request)
+    routing.set_endpoints("fb", [Endpoint("fb-1", "http://127.0.0.1:9")])
+    await measuring
+    assert (services.workflows.lead_s("fb") is not None) == still_wanted
 
 
 def test_what_nodes_loaded_ahead_still_waited_is_remembered_and_warm_ones_say_nothing() -> None:
