@@ -34,6 +34,8 @@ class CommonSettings(BaseSettings):
                                                                        "gateway accepts and a worker unpacks")
     cluster_key: str | None = Field(None, min_length=24, description="Shared secret of the roles: workers take "
                                                                      "orders only from callers that send it")
+    stats_flush_s: float = Field(0.5, gt=0, description="How often the gateways' request counters reach the state "
+                                                        "store (the controller reads a second once it is flushed)")
 
     @field_validator("cluster_key", mode="before")
     @classmethod
@@ -96,7 +98,6 @@ class GatewaySettings(CommonSettings):
     queue_timeout_s: float = Field(60.0, gt=0, description="How long a queued request waits for an instance")
     request_timeout_s: float = Field(300.0, gt=0, description="Upper bound on one forwarded request")
     routes_refresh_s: float = Field(2.0, gt=0, description="Full routing-table refresh, beside events")
-    stats_flush_s: float = Field(0.5, gt=0, description="How often request counters reach the state store")
     share_sample_s: float = Field(1.0, gt=0, description="How often the dashboard's share history is sampled")
 
 

@@ -99,10 +99,14 @@ class FunctionManager:
         lazy, lazy_reason = None, ""
         throughput = profile.throughput_per_s if profile is not None and profile.status == "done" else None
         if throughput and function.status == FunctionStatus.READY:
+            # The newest second every gateway has flushed (a flush period late, and as much again
+            # for a busy gateway): the second just ended still lacks the counts of its last flush.
+            flushed = int(now - 2 * self.settings.stats_flush_s) - 1
             ctx = HorizontalContext(now, len(current), scaling.min_instances, scaling.max_instances,
-                                    float(activity.requests.get(int(now) - 1, 0)), throughput,
+                                    float(activity.requests.get(flushed, 0)), throughput,
                                     queued=activity.queued, at_vertical_limit=_at_limits(current, telemetry),
-                                    params=self.horizontal_params)
+                                    params=self.horizontal_params, in_flight=activity.in_flight,
+                                    latency_target_s=spec.slo.p99_ms / 1000)
             horizontal, memory.horizontal = decide_horizontal(ctx, memory.horizontal)
             lazy, lazy_reason = horizontal.desired, horizontal.reason
         became_ready = function.updated_at.timestamp() if function.status == FunctionStatus.READY else None

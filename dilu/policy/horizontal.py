@@ -1,18 +1,23 @@
 """Horizontal scaling, lazily: add instances only when an overload outlasts what vertical scaling
 can absorb, remove them when capacity has stayed unused.
 
-Every ``interval_s`` the controller records the last second's request rate. Over a sliding window
-of ``window`` samples: scale out when at least ``out_samples`` exceed N x per-instance throughput
-*and* the instances already run at their compute limits (vertical headroom is used up); scale in
-when at least ``in_samples`` are below (N - 1) x throughput. The window is cleared after acting,
-so the next decision needs fresh evidence. Scaling from zero is not decided here but in
-``dilu.policy.replicas`` (at once, when a request waits).
+Every ``interval_s`` the controller records a sample: a second's request rate and the requests
+outstanding (in flight or queued). A sample is *over* N instances when its rate exceeds N x
+per-instance throughput, or when more requests are outstanding than N instances answer within
+the latency target (N x throughput x target, Little's law): clients with bounded connection
+pools send no faster than they are answered, so under overload their rate stalls at what is
+served while their requests pile up. Over a sliding window of ``window`` samples: scale out when
+at least ``out_samples`` are over N *and* the instances already run at their compute limits
+(vertical headroom is used up); scale in when at least ``in_samples`` are under N - 1 by both
+measures. The window is cleared after acting, so the next decision needs fresh evidence. Scaling
+from zero is not decided here but in ``dilu.policy.replicas`` (at once, when a request waits).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
 @dataclass(frozen=True)
@@ -31,14 +36,21 @@ class HorizontalContext:
     max_instances: int
     rate_per_s: float                 # requests in the last second
     throughput_per_instance: float    # from the profile
-    queued: int = 0
+    queued: int = 0                   # requests waiting for an instance
     at_vertical_limit: bool = True    # every instance already runs at its compute limit
     params: HorizontalParams = HorizontalParams()
+    in_flight: int = 0                # requests the instances have and have not answered yet
+    latency_target_s: float = math.inf   # the function's p99 target (inf: outstanding requests never count)
+
+
+class Sample(NamedTuple):
+    rate_per_s: float
+    outstanding: int     # in flight + queued when the sample was taken
 
 
 @dataclass(frozen=True)
 class HorizontalState:
-    samples: tuple[float, ...] = ()
+    samples: tuple[Sample, ...] = ()
     last_sample_at: float | None = None
 
 
@@ -54,22 +66,32 @@ def decide(ctx: HorizontalContext, state: HorizontalState) -> tuple[ScaleDecisio
     clamp = lambda n: max(ctx.min_instances, min(ctx.max_instances, n))  # noqa: E731
     if state.last_sample_at is not None and ctx.now - state.last_sample_at < params.interval_s:
         return ScaleDecision(ctx.current), state
-    samples = (state.samples + (ctx.rate_per_s,))[-params.window:]
+    samples = (state.samples + (Sample(ctx.rate_per_s, ctx.in_flight + ctx.queued),))[-params.window:]
     state = HorizontalState(samples, ctx.now)
     capacity = ctx.throughput_per_instance
     if capacity <= 0 or ctx.current == 0:
         return ScaleDecision(ctx.current), state
-    over = [s for s in samples if s > ctx.current * capacity]
-    if len(over) >= params.out_samples and ctx.current < ctx.max_instances:
+    holds = capacity * ctx.latency_target_s    # outstanding requests one instance answers in time
+
+    def over(sample: Sample, instances: int) -> bool:
+        return sample.rate_per_s > instances * capacity or sample.outstanding > instances * holds
+
+    def under(sample: Sample, instances: int) -> bool:
+        return sample.rate_per_s < instances * capacity and sample.outstanding <= instances * holds
+
+    above = [s for s in samples if over(s, ctx.current)]
+    if len(above) >= params.out_samples and ctx.current < ctx.max_instances:
         if not ctx.at_vertical_limit:
             return ScaleDecision(ctx.current, "overloaded, but instances still have vertical headroom"), state
-        needed = math.ceil(sorted(over)[len(over) // 2] / capacity)
-        desired = clamp(max(ctx.current + 1, needed))
-        return ScaleDecision(desired, f"{len(over)}/{len(samples)} samples above {ctx.current} x "
-                                      f"{capacity:g} req/s", True), HorizontalState((), ctx.now)
-    under = [s for s in samples if s < (ctx.current - 1) * capacity]
-    if len(under) >= params.in_samples and ctx.current > max(ctx.min_instances, 1):
-        return ScaleDecision(ctx.current - 1, f"{len(under)}/{len(samples)} samples below "
+        # Sized by the median rate over; an overload seen only as a backlog adds one instance.
+        rates = sorted(s.rate_per_s for s in above)
+        desired = clamp(max(ctx.current + 1, math.ceil(rates[len(rates) // 2] / capacity)))
+        backlog = f" or {holds:.3g} outstanding per instance" if math.isfinite(holds) else ""
+        return ScaleDecision(desired, f"{len(above)}/{len(samples)} samples above {ctx.current} x "
+                                      f"{capacity:g} req/s{backlog}", True), HorizontalState((), ctx.now)
+    below = [s for s in samples if under(s, ctx.current - 1)]
+    if len(below) >= params.in_samples and ctx.current > max(ctx.min_instances, 1):
+        return ScaleDecision(ctx.current - 1, f"{len(below)}/{len(samples)} samples below "
                                               f"{ctx.current - 1} x {capacity:g} req/s", True), \
             HorizontalState((), ctx.now)
     return ScaleDecision(ctx.current), state

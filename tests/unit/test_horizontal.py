@@ -36,6 +36,42 @@ def test_lazy_scaling(label: str, rates: list[float], kwargs: dict, expect_chang
     assert changes == expect_changes, label
 
 
+def feed_backlog(samples: list[tuple[float, int]], *, current: int = 1, throughput: float = 10.0,
+                 target_s: float = 0.5) -> list:
+    """Samples of (rate, requests outstanding); one instance answers 10 x 0.5 = 5 in time."""
+    state, decisions, now = HorizontalState(), [], 0.0
+    for rate, outstanding in samples:
+        now += 1.0
+        decision, state = decide(HorizontalContext(now, current, 0, 4, rate, throughput, params=P,
+                                                   in_flight=outstanding, latency_target_s=target_s), state)
+        decisions.append(decision)
+        if decision.changed:
+            current = decision.desired
+    return decisions
+
+
+@pytest.mark.parametrize(("label", "samples", "expect_changes"), [
+    # A client with a bounded connection pool sends only as fast as it is answered: its rate
+    # stalls just under the capacity while its requests pile up.
+    ("a backlog at the capacity scales out by one", [(9.5, 40)] * 5, [2]),
+    ("a short backlog is absorbed", [(9.5, 40)] * 3 + [(9.5, 3)] * 7, []),
+    ("requests answered in time are no overload", [(9.5, 5)] * 10, []),
+])
+def test_requests_piling_up_count_as_overload(label: str, samples: list, expect_changes: list[int]) -> None:
+    changes = [d.desired for d in feed_backlog(samples) if d.changed]
+    assert changes == expect_changes, label
+
+
+def test_a_backlog_holds_off_scaling_in() -> None:
+    quiet_but_piled_up = [(5.0, 8)] * 8   # more than one instance answers in time, not more than two
+    assert not [d for d in feed_backlog(quiet_but_piled_up, current=2) if d.changed]
+    assert [d.desired for d in feed_backlog([(5.0, 2)] * 8, current=2) if d.changed] == [1]
+
+
+def test_without_a_latency_target_only_the_rate_counts() -> None:
+    assert not [d for d in feed_backlog([(9.5, 1000)] * 10, target_s=float("inf")) if d.changed]
+
+
 def test_scaling_from_zero_is_left_to_the_replica_policy() -> None:
     decision, _ = decide(HorizontalContext(1.0, 0, 0, 3, 0.0, 10.0, queued=1, params=P), HorizontalState())
     assert not decision.changed and decision.desired == 0
