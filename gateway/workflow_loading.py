@@ -213,6 +213,7 @@ class Loads:
     """The loads arranged for one request, and which nodes they are for."""
     handles: list[asyncio.TimerHandle]
     ahead: frozenset[str]      # nodes cold at arrival that the plan loads ahead of need
+    ends_at: float = 0.0       # when the plan expects the request to be done (unix time)
 
     def cancel(self) -> None:
         for handle in self.handles:
@@ -228,7 +229,8 @@ def schedule_loads(services: Any, name: str, spec: WorkflowSpec) -> Loads:
     expected = estimates(services, spec, now)
     timeline = plan(spec, expected, policy=spec.loading, branch_probability=services.workflows.probability(name, spec))
     loop = asyncio.get_running_loop()
-    loads = Loads([], frozenset(n for n, planned in timeline.items() if planned.load_at_s is not None))
+    loads = Loads([], frozenset(n for n, planned in timeline.items() if planned.load_at_s is not None),
+                  ends_at=now + max((planned.done_at_s for planned in timeline.values()), default=0.0))
     for node_name, planned in timeline.items():
         function, until = spec.node(node_name).function, now + planned.done_at_s + KEEP_AFTER_S
         # What it was pre-warmed for has come: the request holds it now (ready or still loading).
@@ -243,14 +245,36 @@ def schedule_loads(services: Any, name: str, spec: WorkflowSpec) -> Loads:
 
 def node_finished(services: Any, loads: Loads, spec: WorkflowSpec, node: str, runs: dict[str, NodeRun]) -> None:
     """A node of the request is done (or skipped): once no other node of the request still needs
-    its function, the request stops expecting it, and a function the keep-alive rule lets go
-    when idle is released now rather than when the whole request ends."""
+    its function, the request stops expecting it now if its memory until the request's expected
+    end is worth more than the stop costs the nodes still running
+    (``node_keepalive.release_mid_request``), and a function the keep-alive rule lets go when
+    idle is released now; otherwise ``request_finished`` lets it go."""
     function = spec.node(node).function
     if any(runs[other.name].status == "pending" for other in spec.nodes if other.function == function):
+        return
+    gib = _memory_bytes(services, function) / node_keepalive.GiB
+    if not node_keepalive.release_mid_request(gib, loads.ends_at - time.time(),
+                                              price=services.settings.workflow_memory_price):
+        # Kept however long the request still runs (its expectation was only until the node's
+        # expected end); ``request_finished`` ends it.
+        services.activity.expect(function, time.time() + spec.timeout_s, loads)
         return
     services.activity.fulfilled(function, loads)
     if services.activity.releasable_now(function):
         services.spawn(services.wake_controller())
+
+
+def request_finished(services: Any, loads: Loads, spec: WorkflowSpec) -> None:
+    """The request is over (answered or failed): its pending loads are cancelled and it expects
+    none of its functions any more."""
+    loads.cancel()
+    for node in spec.nodes:
+        services.activity.fulfilled(node.function, loads)
+
+
+def _memory_bytes(services: Any, function: str) -> int:
+    entry = services.functions.get(function)
+    return int((entry.spec.get("resources") or {}).get("memory") or 0) if entry else 0
 
 
 def _load(services: Any, function: str, until: float, owner: object = None) -> None:
@@ -283,10 +307,7 @@ def keep_nodes(services: Any, name: str, spec: WorkflowSpec) -> dict[str, node_k
     if spec.loading != "slack":
         return {}
     now = time.time()
-    memory = {}
-    for node in spec.nodes:
-        entry = services.functions.get(node.function)
-        memory[node.name] = int((entry.spec.get("resources") or {}).get("memory") or 0) if entry else 0
+    memory = {node.name: _memory_bytes(services, node.function) for node in spec.nodes}
     arrived = services.workflows.last_arrival(name)
     expected = estimates(services, spec, now)
     cost, probe = services.workflows.loading_cost(name, spec)

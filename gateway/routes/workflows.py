@@ -20,7 +20,7 @@ from gateway.docs import AUTH_ERRORS, SECURED, ErrorBody, errors
 from gateway.errors import error_response
 from gateway.limits import BodyTooLarge, read_capped
 from gateway.routes.invoke import invoke_body
-from gateway.workflow_loading import keep_nodes, node_finished, schedule_loads
+from gateway.workflow_loading import keep_nodes, node_finished, request_finished, schedule_loads
 from gateway.workflow_run import WorkflowFailed, run_workflow
 
 router = APIRouter(prefix="/v1/workflows", tags=["workflows"], dependencies=SECURED, responses=AUTH_ERRORS)
@@ -166,13 +166,14 @@ async def invoke_workflow(name: str, request: Request, services: ServicesDep,
         services.workflows.waited(name, loads.ahead, runs, waits, spec)
     except WorkflowFailed as failure:
         services.workflows.record(name, failure.runs)
-        loads.cancel()
+        request_finished(services, loads, spec)
+        services.spawn(services.wake_controller())    # what it no longer needs may go now
         content: dict[str, Any] = {"error": failure.message, "node": failure.node}
         if timings:
             content["nodes"] = {n: r.to_dict() for n, r in failure.runs.items()}
         return JSONResponse(content, status_code=failure.status)
-    loads.cancel()
-    keep_nodes(services, name, spec)
+    request_finished(services, loads, spec)
+    keep_nodes(services, name, spec)     # wakes the controller for what may go now
     if timings:
         output = {"output": output, "nodes": {n: r.to_dict() for n, r in runs.items()},
                   "total_ms": round((time.perf_counter() - started) * 1000, 3)}

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dilu.policy.node_keepalive import decide, exposed_cold_s, idle_loaded_s, release_hint_s, releasable, window_s
+from dilu.policy.node_keepalive import (decide, exposed_cold_s, idle_loaded_s, release_hint_s, release_mid_request,
+                                        releasable, window_s)
 from tests.unit.test_slack import SPEC, estimates
 
 pytestmark = pytest.mark.unit
@@ -167,3 +168,15 @@ def test_a_release_hint_lasts_until_the_node_is_done_in_the_next_request(late_s:
     next_done = arrived + window + late_s + took
     assert releasable(now + release_hint_s(window, took), None, now=next_done)
     assert not releasable(now + release_hint_s(window, took), None, now=next_done + took + 0.01)
+
+
+@pytest.mark.parametrize(("gib", "remaining_s", "price", "now"), [
+    (0.3125, 0.2, 0.01, False),    # a fan-in feature node (320 MiB) 0.2 s before its request ends
+    (0.125, 2.0, 0.01, False),     # 128 MiB before a 2 s tail: 0.0025 s of memory against a 0.04 s stop
+    (0.125, 2.0, 0.5, True),       # the same at a price of 0.5: 0.125 s
+    (8.0, 1.0, 0.01, True),        # 8 GiB before a 1 s tail: 0.08 s
+    (8.0, -0.5, 0.01, False),      # the request runs late: nothing is left to save by the plan
+])
+def test_a_node_done_mid_request_leaves_only_when_its_memory_outweighs_the_stop(
+        gib: float, remaining_s: float, price: float, now: bool) -> None:
+    assert release_mid_request(gib, remaining_s, price=price) is now
