@@ -22,7 +22,8 @@ ancestors take, all warm): ``exposed = max(0, cold_start - slack)``.
   cost is cheaper loaded in the slack than waiting loaded through the nodes before it.
 
   **Pre-warm** releases it once idle and loads it again so that it is ready a margin before
-  ``E``: it is unloaded for ``unloaded = E - elapsed - cold - ready_margin`` seconds (its whole cold
+  ``E``: it is unloaded for ``unloaded = E - elapsed - cold - ready_margin`` seconds (a root, which has
+  no slack to hide lateness in, takes a larger margin; its whole cold
   start, so that nothing of it runs beside the next request), considered only when that is at least
   ``MIN_UNLOADED_S`` (shorter is churn); a request that comes before it is loaded again
   (``p_early``, the share of gaps that short) meets it cold. Regular traffic (a camera's frames,
@@ -54,6 +55,9 @@ WINDOW_QUANTILE = 0.9
 EARLY_QUANTILE = 0.1
 MIN_UNLOADED_S = 1.0          # a pre-warm that unloads for less is not worth the reload
 READY_MARGIN_S = 0.05         # a pre-warm is ready this long before the next request is likely
+# ... and a root's (no slack: late costs its whole lateness) this long. Traced on two cores, the
+# fan-in's backbone pre-warm at 0.05 s was still loading when 4 of 8 requests came (+19 to +201 ms).
+ROOT_READY_MARGIN_S = 0.2
 MAX_WINDOW_S = 600.0
 MIN_GAPS = 2                  # gaps seen before holding anything
 NEGLIGIBLE_S = 0.01           # a measured cost below this leaves the node released (not to its keep-alive)
@@ -104,12 +108,14 @@ def window_s(gaps: list[float], quantile: float = WINDOW_QUANTILE, maximum: floa
 
 def decide(spec: WorkflowSpec, estimates: dict[str, NodeEstimate], memory_bytes: dict[str, int],
            gaps: list[float], ran_probability: dict[str, float], *, price: float = DEFAULT_PRICE,
-           margin_s: float = 0.1, ready_margin_s: float = READY_MARGIN_S, elapsed_s: float = 0.0,
+           margin_s: float = 0.1, ready_margin_s: float = READY_MARGIN_S,
+           root_ready_margin_s: float = ROOT_READY_MARGIN_S, elapsed_s: float = 0.0,
            observed_exposed: dict[str, float] | None = None, probe: frozenset[str] = frozenset()) -> dict[str, NodeKeep]:
     """Each node's keep verdict after a request. ``margin_s``: an estimated exposure this small
     counts as none. ``ready_margin_s``: a pre-warm is ready this much before the next request is
     likely (small: the cold start it is loaded ahead by is already a long estimate of the
-    function's loads, see ``gateway.workflow_loading.lead_estimate``). ``elapsed_s``: since
+    function's loads, see ``gateway.workflow_loading.lead_estimate``); a node needed as the
+    request arrives (a root) uses ``root_ready_margin_s``: nothing hides its lateness. ``elapsed_s``: since
     the request arrived (the gaps count from arrivals). ``observed_exposed``: what loading each
     node in the slack was measured to cost a request lately (its wait and its share of the
     slowdown of the nodes beside its load; noise already left out). ``probe``: nodes whose cost
@@ -117,6 +123,7 @@ def decide(spec: WorkflowSpec, estimates: dict[str, NodeEstimate], memory_bytes:
     observed = observed_exposed or {}
     estimated = exposed_cold_s(spec, estimates)
     idle = idle_loaded_s(spec, estimates)
+    needed = _needed_at_s(spec, estimates)
     window = window_s(gaps)
     early = window_s(gaps, EARLY_QUANTILE)
     result = {}
@@ -133,7 +140,8 @@ def decide(spec: WorkflowSpec, estimates: dict[str, NodeEstimate], memory_bytes:
         ran = ran_probability.get(node.name, 1.0)
         gib = memory_bytes.get(node.name, 0) / GiB
         lead = estimates[node.name].cold_s
-        unloaded = early - elapsed_s - lead - ready_margin_s
+        margin = ready_margin_s if needed[node.name] > 0 else max(ready_margin_s, root_ready_margin_s)
+        unloaded = early - elapsed_s - lead - margin
         if node.name in probe and unloaded >= MIN_UNLOADED_S:
             result[node.name] = NodeKeep("prewarm", window, shown, "pre-warmed once to measure what loading it "
                                          "beside a request costs", prewarm_in_s=round(unloaded, 6))
