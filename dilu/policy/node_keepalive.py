@@ -80,14 +80,20 @@ class NodeKeep:
 
 def exposed_cold_s(spec: WorkflowSpec, estimates: dict[str, NodeEstimate]) -> dict[str, float]:
     """Each node's cold start left over after its slack, with every other node warm."""
-    needed = _needed_at_s(spec, estimates)
-    return {name: round(max(0.0, estimates[name].cold_s - at), 6) for name, at in needed.items()}
+    return _exposed(_needed_at_s(spec, estimates), estimates)
 
 
 def idle_loaded_s(spec: WorkflowSpec, estimates: dict[str, NodeEstimate]) -> dict[str, float]:
     """How long each node, loaded before a request arrives, sits loaded in it before it is
     needed, beyond what loading it in the slack would hold: its slack less its cold start."""
-    needed = _needed_at_s(spec, estimates)
+    return _idle(_needed_at_s(spec, estimates), estimates)
+
+
+def _exposed(needed: dict[str, float], estimates: dict[str, NodeEstimate]) -> dict[str, float]:
+    return {name: round(max(0.0, estimates[name].cold_s - at), 6) for name, at in needed.items()}
+
+
+def _idle(needed: dict[str, float], estimates: dict[str, NodeEstimate]) -> dict[str, float]:
     return {name: round(max(0.0, at - estimates[name].cold_s), 6) for name, at in needed.items()}
 
 
@@ -121,9 +127,8 @@ def decide(spec: WorkflowSpec, estimates: dict[str, NodeEstimate], memory_bytes:
     slowdown of the nodes beside its load; noise already left out). ``probe``: nodes whose cost
     is not measured yet."""
     observed = observed_exposed or {}
-    estimated = exposed_cold_s(spec, estimates)
-    idle = idle_loaded_s(spec, estimates)
-    needed = _needed_at_s(spec, estimates)
+    needed = _needed_at_s(spec, estimates)     # when each node can run, everything warm
+    estimated, idle = _exposed(needed, estimates), _idle(needed, estimates)
     window = window_s(gaps)
     early = window_s(gaps, EARLY_QUANTILE)
     result = {}
