@@ -12,6 +12,7 @@ from dilu.instance_protocol import InstanceEnvironment
 from dilu.messages import DeviceInfo
 from tests.builders import make_start
 from worker.backends.docker import DockerBackend, signal_exit_code, translate_injection
+from worker.backends.heap import TUNABLES
 
 GPU = DeviceInfo(kind="gpu", uuid="GPU-1234", name="H200", memory_bytes=2**37, index=0)
 FAKE = DeviceInfo(kind="gpu", uuid="FAKE-1", name="fake", memory_bytes=2**34, index=0, fake=True)
@@ -40,6 +41,7 @@ def test_cpu_instance_is_isolated_and_gets_its_code_read_only() -> None:
     assert code["Source"] == "/var/lib/dilu/bundles/abc" and code["ReadOnly"] is True
     env = kwargs["environment"]
     assert env["MODE"] == "fast" and env["CUDA_VISIBLE_DEVICES"] == ""
+    assert env["GLIBC_TUNABLES"] == TUNABLES, "containers keep freed memory in their heap too"
     seen = InstanceEnvironment.from_environ(env)
     assert seen.listen == ("0.0.0.0", 40001) and seen.device == "cpu"
     assert seen.config().source_dir == "/opt/dilu/function" and seen.config().instance_id == "fn-1"

@@ -49,3 +49,26 @@ def test_injected_search_paths_come_before_the_workers() -> None:
     env = with_injection({"LD_LIBRARY_PATH": "/usr/lib", "LD_PRELOAD": "/a.so", "PATH": "/bin"},
                          {"LD_LIBRARY_PATH": "/fake", "LD_PRELOAD": "/shim.so", "DILU_X": "1"})
     assert env == {"LD_LIBRARY_PATH": "/fake:/usr/lib", "LD_PRELOAD": "/shim.so /a.so", "PATH": "/bin", "DILU_X": "1"}
+
+
+def test_instances_keep_freed_memory_unless_their_function_tunes_malloc(tmp_path: Path) -> None:
+    """Every instance process starts with the heap tunables (``worker.backends.heap``); a function
+    whose env says how malloc should behave gets its own setting alone, and since malloc reads it
+    at start-up its instance cannot come from a spare."""
+    from worker.backends.heap import TUNABLES
+    from worker.backends.spares import exec_time
+
+    backend = ProcessBackend(state_dir=tmp_path, base_env={"PATH": "/bin"}, cpu_pool=False)
+    plain = backend.instance_env(make_start("i-1", "/src"), CPU, tmp_path / "c.json", 7)
+    assert plain["GLIBC_TUNABLES"] == TUNABLES
+    for own in ({"MALLOC_ARENA_MAX": "2"}, {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}):
+        env = backend.instance_env(make_start("i-2", "/src", env=own), CPU, tmp_path / "c.json", 7)
+        assert {name: env.get(name) for name in ("GLIBC_TUNABLES", "MALLOC_ARENA_MAX")} == \
+            {"GLIBC_TUNABLES": None, "MALLOC_ARENA_MAX": None, **own}
+        assert exec_time(own) == own, "a spare started without it could not apply it"
+
+
+def test_a_worker_that_tunes_malloc_itself_passes_its_own_setting_on(tmp_path: Path) -> None:
+    backend = ProcessBackend(state_dir=tmp_path, base_env={"MALLOC_ARENA_MAX": "4"}, cpu_pool=False)
+    env = backend.instance_env(make_start("i-1", "/src"), CPU, tmp_path / "c.json", 7)
+    assert env["MALLOC_ARENA_MAX"] == "4" and "GLIBC_TUNABLES" not in env

@@ -37,6 +37,7 @@ from dilu import instance_protocol as protocol
 from dilu.instance_protocol import InstanceConfig
 from dilu.messages import DeviceInfo, StartInstance
 from worker.backends.base import RunningInstance, endpoint_url
+from worker.backends.heap import keeping_freed_memory
 from worker.cgroups import PERIOD_US, cfs_quota
 
 log = logging.getLogger(__name__)
@@ -186,6 +187,7 @@ class DockerBackend:
         })
         if device.kind != "gpu":
             env["CUDA_VISIBLE_DEVICES"] = ""
+        env = keeping_freed_memory(env)
         kwargs: dict[str, Any] = dict(
             image=image, command=["python", "-m", "worker.instance"], name=container_name(request.instance_id),
             detach=True, network_mode="host", user=self._user, environment=env,

@@ -31,6 +31,7 @@ from dilu.instance_protocol import InstanceConfig
 from dilu.messages import DeviceInfo, StartInstance
 from worker.cgroups import CpuLimiter, join_group, join_group_of
 from worker.backends.base import RunningInstance, endpoint_url, inheritable_listener, signal_group
+from worker.backends.heap import keeping_freed_memory
 from worker.backends.spares import (Spare, SpareLaunch, SparePool, exec_time, pool_key,
                                     preload_env)
 from worker.pool import PoolSizer
@@ -104,7 +105,7 @@ class ProcessBackend:
         if home is not None:   # its own HOME and temp folder, not the worker's
             env.update({"HOME": str(home), "TMPDIR": str(home), "USER": self._sandboxes.user.name,
                         "LOGNAME": self._sandboxes.user.name})
-        return env
+        return keeping_freed_memory(env)
 
     async def start(self, request: StartInstance, device: DeviceInfo, log_path: Path,
                     extra_env: dict[str, str] | None = None, owner: str = "") -> RunningInstance:
@@ -171,7 +172,8 @@ class ProcessBackend:
             return
         kind = "cpu" if not exec_env else f"injected{len(self._pools)}"
         launch = SpareLaunch(name=f"{os.getpid()}-{kind}", python=self._python,
-                             env=preload_env(with_injection(self._base_env, exec_env), self._preload),
+                             env=keeping_freed_memory(preload_env(with_injection(self._base_env, exec_env),
+                                                                  self._preload)),
                              cwd=self._sandboxes.shared if self._sandboxes else self._state_dir,
                              logs=self._state_dir / "logs", host=self._host, advertise=self._advertise,
                              # Pool processes wait in the background group: refilling never slows

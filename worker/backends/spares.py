@@ -4,7 +4,8 @@ A spare has the interpreter up, the instance server and the common libraries imp
 on stdin for its assignment (``worker.instance``). What an instance is told at assignment reaches
 it through ``os.environ``; what must be in place when the process *starts* cannot be told late:
 the dynamic loader reads ``LD_*`` (the GPU shim is preloaded, the fake driver found, through
-them) and the interpreter reads ``PYTHON*``. So a worker keeps one pool per set of those
+them), the interpreter reads ``PYTHON*`` and malloc ``GLIBC_TUNABLES`` and ``MALLOC_*``
+(``worker.backends.heap``). So a worker keeps one pool per set of those
 exec-time variables (``exec_time``): one for plain CPU instances, one for instances under the GPU
 shim (the shim reads the rest of its configuration at the first driver call, after the
 assignment; ``shim/src/config.c``).
@@ -30,7 +31,7 @@ from worker.backends.zygote import Zygote, ZygoteChild
 from worker.pool import PoolSizer
 
 logger = logging.getLogger(__name__)
-EXEC_TIME_PREFIXES = ("LD_", "PYTHON")
+EXEC_TIME_PREFIXES = ("LD_", "PYTHON", "GLIBC_", "MALLOC_")
 
 
 def exec_time(env: dict[str, str] | None) -> dict[str, str]:
