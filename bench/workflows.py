@@ -15,7 +15,8 @@ learnt of the functions' loads under another. The AMBER
 workflow's requests ask for a translation one time in three (its last node is a branch). Prints
 median and p99 end-to-end latency and the memory held (instance-seconds x memory, over the span
 of the measured requests, per request) for each, and the two targets: slack within 1.3x of
-warm's median, with at most half of eager's memory-time. The pool's spares (interpreters with
+warm's median, with at most half of eager's memory-time; and how long the slack policy's nodes
+stay loaded after their request's answer (the control plane's share of their memory-time). The pool's spares (interpreters with
 torch imported, shared by all functions) are not counted: the three pool policies hold the same.
 """
 
@@ -90,6 +91,20 @@ def _memory_seconds(platform: Platform, functions: list[str], since: float, unti
     return total
 
 
+def _unload_lags(platform: Platform, functions: list[str], answers: list[float], since: float,
+                 until: float) -> list[float]:
+    """For each instance that ended within [since, until]: how long after the latest answer of
+    the workflow before its end it ended (what a node stays loaded once its request is done)."""
+    lags = []
+    for function in set(functions):
+        for row in platform.http.get(f"/v1/functions/{function}/instances", params={"all": "true"}).json():
+            end = datetime.fromisoformat(row["ended_at"]).timestamp() if row["ended_at"] else None
+            before = [answer for answer in answers if end is not None and answer <= end]
+            if end is not None and since <= end <= until and before:
+                lags.append(end - max(before))
+    return lags
+
+
 def _request(workflow: str, number: int) -> dict:
     body = json.loads((EXAMPLES / workflow / "request.json").read_text())
     if workflow == "amber-alert":
@@ -101,6 +116,7 @@ def _run(platform: Platform, functions: dict[str, list[str]], requests: int, gap
     """``requests`` requests per workflow, one every ``gap_s`` seconds (the workflows interleaved,
     each from its own thread: one workflow's slow request must not delay the other's arrivals)."""
     latencies: dict[str, list[float]] = {w: [] for w in WORKFLOWS}
+    answers: dict[str, list[float]] = {w: [] for w in WORKFLOWS}
     began = time.time()
 
     def send(offset: int, workflow: str) -> None:
@@ -111,6 +127,7 @@ def _run(platform: Platform, functions: dict[str, list[str]], requests: int, gap
                 started = time.time()
                 reply = http.post(f"/v1/workflows/{workflow}/invoke", json=_request(workflow, number))
                 latencies[workflow].append(time.time() - started)
+                answers[workflow].append(time.time())
                 assert reply.status_code == 200, reply.text
 
     with ThreadPoolExecutor(len(WORKFLOWS)) as senders:
@@ -123,8 +140,14 @@ def _run(platform: Platform, functions: dict[str, list[str]], requests: int, gap
         ordered = sorted(latencies[workflow])
         results[workflow] = {"median_s": statistics.median(ordered),
                              "p99_s": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
-                             "memory_mib_s": _memory_seconds(platform, functions[workflow], began, until) / requests}
+                             "memory_mib_s": _memory_seconds(platform, functions[workflow], began, until) / requests,
+                             "unload_lag_s": _unload_lags(platform, functions[workflow], answers[workflow], began, until)}
     return results
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
 def main() -> None:
@@ -193,6 +216,10 @@ def main() -> None:
         row = table[policy]
         print(f"{policy:<11}" + "".join(f"{row[w]['median_s'] * 1000:>18.0f}ms{row[w]['p99_s'] * 1000:>7.0f}ms"
                                         f"{row[w]['memory_mib_s']:>10.0f}" for w in WORKFLOWS))
+    if "slack" in table:
+        print("slack: a node unloads this long after its request's answer (median, p90 of its instances): " + "; ".join(
+            f"{w} {_quantile(table['slack'][w]['unload_lag_s'], 0.5) * 1000:.0f} / "
+            f"{_quantile(table['slack'][w]['unload_lag_s'], 0.9) * 1000:.0f} ms" for w in WORKFLOWS))
     for workflow, kept in decisions.items():
         print(f"{workflow} slack keep verdicts (exposure): {kept}")
     for workflow in WORKFLOWS if {"warm", "eager", "slack"} <= set(table) else ():

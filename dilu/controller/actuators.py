@@ -13,6 +13,7 @@ from dilu.db import repo
 from dilu.db.models import FunctionRow, InstanceRow, utcnow
 from dilu.messages import FAILED, STARTING, STOPPING, FunctionStatus, InstanceRole, StartInstance, WorkerInfo
 from dilu.policy.scheduler import PlacementRequest, Scheduler
+from dilu.state.base import Channel
 from dilu.worker_client import WorkerUnavailable
 
 log = logging.getLogger(__name__)
@@ -91,20 +92,28 @@ class Actuator:
         await self.ctx.event(function.name, "failed", reason)
         await self.ctx.set_status(function.name, function.version, FunctionStatus.FAILED, reason)
 
-    async def stop(self, row: InstanceRow, reason: str, *, now: bool = False) -> None:
-        """Marks the instance stopping; the worker is told after the new routes are out (unless ``now``)."""
+    async def stop(self, row: InstanceRow, reason: str) -> None:
+        """Marks the instance stopping, takes it out of the published routes (so the gateway
+        stops sending it requests first), then tells its worker at once: not at the end of the
+        pass, for every fraction of a second until then the instance holds its memory idle."""
         await self.ctx.db(repo.update_instance, instance_id=row.id, state=STOPPING)
         if row.role == InstanceRole.SERVE:
             await self.ctx.event(row.function, "scale-down", f"{reason}; stopping {row.id}", row.id)
+            # Marked stopping first: no later publication of the routes puts it back.
+            await self._withdraw(row)
         workers = await self.ctx.db(repo.list_workers)
         worker = next((w for w in workers if w.id == row.worker_id), None)
         client = self.ctx.directory.client_for(row.worker_id, worker.url if worker else None)
-        if client is None:
-            return
-        if now:
+        if client is not None:
             self.ctx.spawn(client.stop_instance(row.id))
-        else:
-            self.ctx.pending_stops.append((client, row.id))
+
+    async def _withdraw(self, row: InstanceRow) -> None:
+        """Removes one instance from its function's published endpoints, leaving the rest."""
+        published = (await self.ctx.store.get_routes()).get(row.function, [])
+        kept = [endpoint for endpoint in published if endpoint.instance_id != row.id]
+        if len(kept) != len(published):
+            await self.ctx.store.set_routes(row.function, kept)
+            await self.ctx.store.publish(Channel.ROUTES, {"function": row.function})
 
     async def resize(self, function: FunctionRow, rows: list[InstanceRow], chosen: Slice,
                      live: Sequence[WorkerInfo]) -> None:

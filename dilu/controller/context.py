@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from dilu.db import repo
 from dilu.messages import FunctionStatus
 from dilu.state.base import Channel, StateStore
-from dilu.worker_client import WorkerClient, WorkerDirectory
+from dilu.worker_client import WorkerDirectory
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,6 @@ class ControllerContext:
         self.directory = directory
         self.wake = asyncio.Event()
         self.background: set[asyncio.Task] = set()
-        self.pending_stops: list[tuple[WorkerClient, str]] = []
 
     def _db(self, fn: Callable[..., Any], /, **kwargs: Any) -> Any:
         with self.sessions() as session:

@@ -62,7 +62,7 @@ class ProfilingJobs:
             return
         for row in rows:
             if row.role == InstanceRole.PROFILE and row.state in ACTIVE_STATES:
-                await self.actuator.stop(row, "profiling restarts", now=True)
+                await self.actuator.stop(row, "profiling restarts")
         await self.ctx.event(function.name, "profile", "profiling restarts (no job was running it)")
         self.start(function, live)
 
@@ -117,7 +117,7 @@ class ProfilingJobs:
             log.exception("profiling %s failed", name)
             await self._cannot_profile(function, f"{type(exc).__name__}: {exc}")
         finally:
-            await self.actuator.stop(row, "profiling finished", now=True)
+            await self.actuator.stop(row, "profiling finished")
 
     async def _search(self, function: FunctionRow, row: InstanceRow, live: list[WorkerInfo],
                       sample: bytes | None) -> Profile:

@@ -2,8 +2,8 @@
 
 One controller runs at a time. Each pass is idempotent: it reads the database, the workers'
 reports and the gateways' activity, folds observations into instance rows, lets the function
-manager decide and act per function, then publishes the routes. Stops are sent only after the
-routes without the stopped instances are out, so the gateway drains them first.
+manager decide and act per function, then publishes the routes. A stop is sent as soon as it is
+decided, once the routes without that instance are out, so the gateway drains it first.
 """
 
 from __future__ import annotations
@@ -118,8 +118,7 @@ class Reconciler:
         snapshot = await asyncio.to_thread(self._read_snapshot)
         # Instances that became ready take traffic now, not once this pass has decided for every
         # function and made the worker calls that asks for (on a busy host, a tenth of a second
-        # in which a loaded instance holds its memory and its requests wait). Stops still go out
-        # only after the final routes below.
+        # in which a loaded instance holds its memory and its requests wait).
         await self._publish_routes(snapshot)
         activity = self._activity = await self._store.function_activity()
         telemetry = await self._store.telemetry()
@@ -132,9 +131,6 @@ class Reconciler:
             except Exception:
                 log.exception("reconciling %s failed", function.name)
         await self._publish_routes(await asyncio.to_thread(self._read_snapshot))
-        stops, self.ctx.pending_stops = self.ctx.pending_stops, []
-        for client, instance_id in stops:
-            self.ctx.spawn(client.stop_instance(instance_id))
         await self.ctx.db(repo.prune_instances, keep_ended=KEEP_ENDED_INSTANCES)
 
     def _read_snapshot(self) -> _Snapshot:
