@@ -109,11 +109,12 @@ class Actuator:
 
     async def _withdraw(self, row: InstanceRow) -> None:
         """Removes one instance from its function's published endpoints, leaving the rest."""
-        published = (await self.ctx.store.get_routes()).get(row.function, [])
-        kept = [endpoint for endpoint in published if endpoint.instance_id != row.id]
-        if len(kept) != len(published):
-            await self.ctx.store.set_routes(row.function, kept)
-            await self.ctx.store.publish(Channel.ROUTES, {"function": row.function})
+        async with self.ctx.routes_lock:
+            published = (await self.ctx.store.get_routes()).get(row.function, [])
+            kept = [endpoint for endpoint in published if endpoint.instance_id != row.id]
+            if len(kept) != len(published):
+                await self.ctx.store.set_routes(row.function, kept)
+                await self.ctx.store.publish(Channel.ROUTES, {"function": row.function})
 
     async def resize(self, function: FunctionRow, rows: list[InstanceRow], chosen: Slice,
                      live: Sequence[WorkerInfo]) -> None:

@@ -24,6 +24,11 @@ class ControllerContext:
         self.store = store
         self.directory = directory
         self.wake = asyncio.Event()
+        # Held while instance rows are folded from reports and while the published routes are
+        # computed and written: a read of the rows and the write of the routes from it must not
+        # interleave with another (a route published from rows read before a stop would bring
+        # a stopping instance back).
+        self.routes_lock = asyncio.Lock()
         self.background: set[asyncio.Task] = set()
 
     def _db(self, fn: Callable[..., Any], /, **kwargs: Any) -> Any:

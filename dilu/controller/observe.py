@@ -40,8 +40,10 @@ def fold(row: RowView, status: InstanceStatus | None, now: datetime,
     if status.state in (FAILED, STOPPED):
         updates["ended_at"] = _when(status, row, now)
         updates["error"] = status.error
-    if status.state == STARTING and row.state in (STOPPING,):
-        return None  # a stop is in flight; the worker's older view must not undo it
+    if status.state == STARTING and row.state in (STOPPING, READY):
+        # A report read before the instance became ready (and was routed at once) or before a
+        # stop was sent: the worker's older view must not undo either.
+        return None
     return updates
 
 

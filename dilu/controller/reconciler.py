@@ -65,6 +65,7 @@ class Reconciler:
         self._started_at = utcnow()
         self._heartbeats_since: float | None = time.monotonic()   # None while the state store is out
         self._activity: dict[str, FunctionActivity] = {}           # the gateways' activity, as last read
+        self._worker_urls: dict[str, str | None] = {}                # live workers' addresses, as last read
 
     # ---- the loop ----
     async def run(self) -> None:
@@ -90,8 +91,39 @@ class Reconciler:
                 task.cancel()
 
     async def _listen(self, channel: Channel) -> None:
-        async for _message in follow(self._store, channel):
+        async for message in follow(self._store, channel):
+            if channel == Channel.INSTANCES and message.get("state") == READY:
+                self.ctx.spawn(self._route_ready(str(message.get("worker")), str(message.get("instance"))))
             self.ctx.wake.set()
+
+    async def _route_ready(self, worker_id: str, instance_id: str) -> None:
+        """Folds one instance its worker reports ready and adds it to its function's routes at
+        once: left to the next pass (after the one in progress), a loaded instance stayed
+        unroutable, its memory held and its requests waiting, for a tenth of a second on a busy
+        host. The row and the route are written first; its event and loading sample after. The
+        pass still folds everything else; what this one folded it finds done."""
+        client = self._directory.client_for(worker_id, self._worker_urls.get(worker_id))
+        if client is None:
+            return
+        try:
+            status = next((s for s in await client.list_instances() if s.instance_id == instance_id), None)
+        except WorkerUnavailable:
+            return     # the pass catches up
+        if status is None or status.state != READY or not status.endpoint:
+            return
+        async with self.ctx.routes_lock:
+            row = await self.ctx.db(repo.get_instance, instance_id=instance_id)
+            if row is None or row.state != STARTING or row.worker_id != worker_id or row.role != InstanceRole.SERVE:
+                return
+            updates = fold(RowView(row.id, row.state, row.created_at), status, utcnow())
+            if not updates or updates["state"] != READY:
+                return
+            await self.ctx.db(repo.update_instance, instance_id=row.id, **updates)
+            published = (await self._store.get_routes()).get(row.function, [])
+            if all(endpoint.instance_id != row.id for endpoint in published):
+                await self._store.set_routes(row.function, [*published, Endpoint(row.id, status.endpoint)])
+                await self._store.publish(Channel.ROUTES, {"function": row.function})
+        await self._ready(row, status)
 
     async def reconcile_once(self) -> None:
         now = utcnow()
@@ -111,15 +143,17 @@ class Reconciler:
         if lost:
             log.warning("workers lost: %s", ", ".join(lost))
             await self.ctx.db(repo.mark_workers_lost, worker_ids=lost, now=now)
+        self._worker_urls = {info.id: info.url for info in live}
         observed, reachable = await self._observe(live)
-        snapshot = await asyncio.to_thread(self._read_snapshot)
-        await self._fold_observations(snapshot, observed, reachable, now)
-        await self._stop_orphans(snapshot, observed, live)
-        snapshot = await asyncio.to_thread(self._read_snapshot)
-        # Instances that became ready take traffic now, not once this pass has decided for every
-        # function and made the worker calls that asks for (on a busy host, a tenth of a second
-        # in which a loaded instance holds its memory and its requests wait).
-        await self._publish_routes(snapshot)
+        async with self.ctx.routes_lock:
+            snapshot = await asyncio.to_thread(self._read_snapshot)
+            await self._fold_observations(snapshot, observed, reachable, now)
+            await self._stop_orphans(snapshot, observed, live)
+            snapshot = await asyncio.to_thread(self._read_snapshot)
+            # Instances that became ready take traffic now, not once this pass has decided for
+            # every function and made the worker calls that asks for (on a busy host, a tenth of
+            # a second in which a loaded instance holds its memory and its requests wait).
+            await self._publish_routes(snapshot)
         activity = self._activity = await self._store.function_activity()
         telemetry = await self._store.telemetry()
         self.functions.forget_except({(f.name, f.version) for f in snapshot.functions})
@@ -130,7 +164,8 @@ class Reconciler:
                                                activity.get(function.name, FunctionActivity()), live, telemetry)
             except Exception:
                 log.exception("reconciling %s failed", function.name)
-        await self._publish_routes(await asyncio.to_thread(self._read_snapshot))
+        async with self.ctx.routes_lock:
+            await self._publish_routes(await asyncio.to_thread(self._read_snapshot))
         await self.ctx.db(repo.prune_instances, keep_ended=KEEP_ENDED_INSTANCES)
 
     def _read_snapshot(self) -> _Snapshot:
@@ -168,20 +203,26 @@ class Reconciler:
             status = observed.get(row.id)
             grace = UNKNOWN_GRACE_S if row.created_at >= self._started_at else 0.0
             updates = fold(RowView(row.id, row.state, row.created_at), status, now, grace)
-            if not updates:
-                continue
-            await self.ctx.db(repo.update_instance, instance_id=row.id, **updates)
-            if row.role != InstanceRole.SERVE:
-                continue  # the profiling job watches its own instance
-            if updates["state"] == FAILED:
-                was_ready = bool(status and status.was_ready) or row.state == READY
-                await self._instance_failed(row, updates.get("error") or "failed", was_ready)
-            elif updates["state"] == READY:
-                self._start_failures.pop((row.function, row.function_version), None)
-                await self.ctx.event(row.function, "ready", f"instance {row.id} is ready", row.id)
-                if status is not None and status.startup:
-                    await self.ctx.db(repo.record_loading, function=row.function, version=row.function_version,
-                                      sample=status.startup)
+            if updates:
+                await self._apply(row, status, updates)
+
+    async def _apply(self, row: InstanceRow, status: InstanceStatus | None, updates: dict) -> None:
+        """Writes a row's folded updates and what follows from them (events, loading samples)."""
+        await self.ctx.db(repo.update_instance, instance_id=row.id, **updates)
+        if row.role != InstanceRole.SERVE:
+            return  # the profiling job watches its own instance
+        if updates["state"] == FAILED:
+            was_ready = bool(status and status.was_ready) or row.state == READY
+            await self._instance_failed(row, updates.get("error") or "failed", was_ready)
+        elif updates["state"] == READY:
+            await self._ready(row, status)
+
+    async def _ready(self, row: InstanceRow, status: InstanceStatus | None) -> None:
+        self._start_failures.pop((row.function, row.function_version), None)
+        await self.ctx.event(row.function, "ready", f"instance {row.id} is ready", row.id)
+        if status is not None and status.startup:
+            await self.ctx.db(repo.record_loading, function=row.function, version=row.function_version,
+                              sample=status.startup)
 
     async def _instance_failed(self, row: InstanceRow, error: str, was_ready: bool) -> None:
         if was_ready:

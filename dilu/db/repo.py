@@ -187,6 +187,10 @@ def update_instance(*, session: Session, instance_id: str, **values: object) -> 
     session.commit()
 
 
+def get_instance(*, session: Session, instance_id: str) -> InstanceRow | None:
+    return session.get(InstanceRow, instance_id)
+
+
 def list_instances(*, session: Session, function: str | None = None,
                    active_only: bool = False) -> list[InstanceRow]:
     query = select(InstanceRow).order_by(InstanceRow.created_at)

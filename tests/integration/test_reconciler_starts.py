@@ -1,5 +1,6 @@
 """A reconcile pass with instances to start: it publishes the routes of instances that became
-ready first, and does not wait on each worker's start order in turn."""
+ready first, and does not wait on each worker's start order in turn; an instance its worker
+reports ready is routed even while a pass is in progress."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from dilu.db import repo
 from dilu.db.models import InstanceRow, utcnow
 from dilu.default_impl import create_scheduler
 from dilu.messages import READY, STARTING, FunctionStatus, InstanceStatus, StartInstance
+from dilu.state.base import Channel
 from dilu.state.memory import MemoryStore
 from dilu.worker_client import WorkerDirectory
 from tests.builders import make_spec_dict, make_worker
@@ -112,3 +114,54 @@ async def test_an_instance_that_became_ready_is_routable_before_the_pass_starts_
             await reconciler.shutdown()
     assert "fa" in worker.routes_when_ordered, "fa had no instance: the pass should have started one"
     assert "fb" in worker.routes_when_ordered["fa"], "fb's ready instance was not routable yet"
+
+
+class StuckListingWorker(HeldStartsWorker):
+    """A worker whose instance listing hangs until ``release`` is set: a pass that asks it for
+    its report stays in progress meanwhile."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        super().__init__(store)
+        self.listing = asyncio.Event()
+
+    async def list_instances(self) -> list[InstanceStatus]:
+        self.listing.set()
+        await self.release.wait()
+        return list(self.statuses.values())
+
+
+async def test_an_instance_reported_ready_is_routed_without_waiting_for_the_pass_in_progress(sessions) -> None:  # noqa: ANN001
+    _ready_function(sessions, "fa")
+    with sessions() as session:
+        repo.upsert_workers(session=session, workers=[make_worker("w1"), make_worker("w2")], now=utcnow())
+        repo.create_instance(session=session, row=InstanceRow(id="fa-1", function="fa", function_version=1,
+                                                              worker_id="w1", state=STARTING, memory_bytes=64 * 2**20,
+                                                              sm_request=0.5, sm_limit=0.5))
+    store = MemoryStore()
+    for worker_id in ("w1", "w2"):
+        await store.heartbeat(make_worker(worker_id), ttl_s=60)
+    async with httpx.AsyncClient() as http:
+        directory = WorkerDirectory(http, None)
+        ready_worker, stuck_worker = HeldStartsWorker(store), StuckListingWorker(store)
+        ready_worker.release.set()
+        directory.register_local("w1", ready_worker)
+        directory.register_local("w2", stuck_worker)
+        reconciler = Reconciler(sessions=sessions, store=store, directory=directory, scheduler=create_scheduler())
+        loop = asyncio.create_task(reconciler.run())
+        try:
+            await asyncio.wait_for(stuck_worker.listing.wait(), timeout=20)   # the first pass is stuck on w2
+            ready_worker.statuses["fa-1"] = InstanceStatus("fa-1", "fa", 1, READY, endpoint="http://127.0.0.1:9/fa-1")
+
+            async def routed() -> bool:   # the worker's news, as it publishes it (again, until heard)
+                await store.publish(Channel.INSTANCES, {"worker": "w1", "instance": "fa-1", "state": READY})
+                return [e.instance_id for e in (await store.get_routes()).get("fa", [])] == ["fa-1"]
+
+            await async_eventually(routed, timeout=20, what="fa-1 to be routed while the pass waits on w2")
+            assert not stuck_worker.release.is_set()
+            with sessions() as session:
+                assert repo.get_instance(session=session, instance_id="fa-1").state == READY
+        finally:
+            stuck_worker.release.set()
+            loop.cancel()
+            await asyncio.gather(loop, return_exceptions=True)
+            await reconciler.shutdown()

@@ -26,6 +26,7 @@ def status(state: str, **kw: object) -> InstanceStatus:
     ("unknown and old: failed", RowView("i", "ready", NOW - timedelta(seconds=UNKNOWN_GRACE_S + 1)), None,
      {"state": "failed", "error": "the worker no longer knows this instance", "ended_at": NOW}),
     ("stale starting report does not undo a stop", RowView("i", "stopping", NOW), status("starting"), None),
+    ("stale starting report does not undo ready", RowView("i", "ready", NOW), status("starting"), None),
 ])
 def test_fold(label: str, row: RowView, report: InstanceStatus | None, expected: dict | None) -> None:
     assert fold(row, report, NOW) == expected, label
