@@ -33,7 +33,10 @@ ancestors take, all warm): ``exposed = max(0, cold_start - slack)``.
   like a node that hides: left to its function's keep-alive instead, it would be held for that
   long, a memory cost the comparison does not count (and, with a keep-alive shorter than the
   gaps, a cold start it does).
-- ``exposed`` is the larger of the estimate (counted only above the margin: it is a difference
+- A node behind a condition taken less often than the slack policy loads ahead
+  (``MIN_BRANCH_PROBABILITY``) is loaded only once it is chosen, its whole cold start shown:
+  that is its ``exposed``.
+- Otherwise ``exposed`` is the larger of the estimate (counted only above the margin: it is a difference
   of estimates) and what was **measured**: what the node still waited when loaded in the slack,
   plus its share of the slowdown its load caused to the nodes running meanwhile
   (``dilu.policy.interference``, which leaves out what is within a request's noise); below
@@ -47,7 +50,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dilu.policy.slack import NodeEstimate, plan
+from dilu.policy.slack import MIN_BRANCH_PROBABILITY, NodeEstimate, behind_conditions, plan
 from dilu.workflow import WorkflowSpec
 
 DEFAULT_PRICE = 0.01          # s of latency per GiB-second held
@@ -132,10 +135,13 @@ def decide(spec: WorkflowSpec, estimates: dict[str, NodeEstimate], memory_bytes:
     window = window_s(gaps)
     early = window_s(gaps, EARLY_QUANTILE)
     result = {}
+    conditional = behind_conditions(spec)
     for node in spec.nodes:
         measured = observed.get(node.name, 0.0)
         shown = max(estimated[node.name] if estimated[node.name] > margin_s else 0.0,
                     measured if measured >= NEGLIGIBLE_S else 0.0)
+        if node.name in conditional and ran_probability.get(node.name, 1.0) < MIN_BRANCH_PROBABILITY:
+            shown = estimates[node.name].cold_s       # loaded when chosen, not in the slack
         if shown == 0.0 and node.name not in probe:
             result[node.name] = NodeKeep("release", 0.0, shown, "its loading hides in the slack")
             continue

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from dilu.workflow import WorkflowSpec
 
 POLICIES = ("slack", "eager", "on-demand")
+MIN_BRANCH_PROBABILITY = 0.5   # a node behind a condition taken less often than this is not loaded ahead
 
 
 @dataclass(frozen=True)
@@ -39,12 +40,12 @@ class PlannedNode:
 
 def plan(spec: WorkflowSpec, estimates: dict[str, NodeEstimate], *, policy: str = "slack",
          branch_probability: dict[str, float] | None = None, margin_s: float = 0.1,
-         min_probability: float = 0.5) -> dict[str, PlannedNode]:
+         min_probability: float = MIN_BRANCH_PROBABILITY) -> dict[str, PlannedNode]:
     """Each node's load time (None where nothing is loaded ahead) and its expected timeline."""
     if policy not in POLICIES:
         raise ValueError(f"unknown loading policy {policy!r}; known: {', '.join(POLICIES)}")
     probability = branch_probability or {}
-    conditional = _behind_conditions(spec)
+    conditional = behind_conditions(spec)
     result: dict[str, PlannedNode] = {}
     for name in spec.order():
         node, estimate = spec.node(name), estimates[name]
@@ -63,7 +64,7 @@ def plan(spec: WorkflowSpec, estimates: dict[str, NodeEstimate], *, policy: str 
     return result
 
 
-def _behind_conditions(spec: WorkflowSpec) -> set[str]:
+def behind_conditions(spec: WorkflowSpec) -> set[str]:
     """Nodes that run only if some condition holds: those with ``when`` and their descendants."""
     behind: set[str] = set()
     for name in spec.order():
