@@ -98,14 +98,12 @@ class Actuator:
         pass, for every fraction of a second until then the instance holds its memory idle."""
         await self.ctx.db(repo.update_instance, instance_id=row.id, state=STOPPING)
         if row.role == InstanceRole.SERVE:
-            await self.ctx.event(row.function, "scale-down", f"{reason}; stopping {row.id}", row.id)
-            # Marked stopping first: no later publication of the routes puts it back.
-            await self._withdraw(row)
-        workers = await self.ctx.db(repo.list_workers)
-        worker = next((w for w in workers if w.id == row.worker_id), None)
-        client = self.ctx.directory.client_for(row.worker_id, worker.url if worker else None)
+            await self._withdraw(row)     # marked stopping first: no later publication puts it back
+        client = self.ctx.directory.client_for(row.worker_id, self.ctx.worker_urls.get(row.worker_id))
         if client is not None:
             self.ctx.spawn(client.stop_instance(row.id))
+        if row.role == InstanceRole.SERVE:
+            await self.ctx.event(row.function, "scale-down", f"{reason}; stopping {row.id}", row.id)
 
     async def _withdraw(self, row: InstanceRow) -> None:
         """Removes one instance from its function's published endpoints, leaving the rest."""

@@ -29,6 +29,7 @@ class ControllerContext:
         # interleave with another (a route published from rows read before a stop would bring
         # a stopping instance back).
         self.routes_lock = asyncio.Lock()
+        self.worker_urls: dict[str, str | None] = {}   # the live workers' addresses, as the last pass read them
         self.background: set[asyncio.Task] = set()
 
     def _db(self, fn: Callable[..., Any], /, **kwargs: Any) -> Any:

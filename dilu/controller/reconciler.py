@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 MAX_START_FAILURES = 3
 KEEP_ENDED_INSTANCES = 20
 SHUTDOWN_GRACE_S = 5.0
+WORKERS_WRITE_EVERY_S = 1.0
+PRUNE_EVERY_S = 5.0
 
 
 @dataclass
@@ -65,7 +67,9 @@ class Reconciler:
         self._started_at = utcnow()
         self._heartbeats_since: float | None = time.monotonic()   # None while the state store is out
         self._activity: dict[str, FunctionActivity] = {}           # the gateways' activity, as last read
-        self._worker_urls: dict[str, str | None] = {}                # live workers' addresses, as last read
+        self._workers_written: tuple | None = None                  # the live workers as last written, and when
+        self._workers_written_at = 0.0
+        self._pruned_at = 0.0
 
     # ---- the loop ----
     async def run(self) -> None:
@@ -102,7 +106,7 @@ class Reconciler:
         unroutable, its memory held and its requests waiting, for a tenth of a second on a busy
         host. The row and the route are written first; its event and loading sample after. The
         pass still folds everything else; what this one folded it finds done."""
-        client = self._directory.client_for(worker_id, self._worker_urls.get(worker_id))
+        client = self._directory.client_for(worker_id, self.ctx.worker_urls.get(worker_id))
         if client is None:
             return
         try:
@@ -134,7 +138,12 @@ class Reconciler:
             raise
         if self._heartbeats_since is None:
             self._heartbeats_since = time.monotonic()
-        await self.ctx.db(repo.upsert_workers, workers=live, now=now)
+        # Written when they change, and otherwise once a second (their last-seen time): not on
+        # every pass, which runs several times a second while instances start and stop.
+        written = tuple(sorted(((info.id, info.host, info.url, info.device) for info in live), key=lambda w: w[0]))
+        if written != self._workers_written or time.monotonic() - self._workers_written_at >= WORKERS_WRITE_EVERY_S:
+            await self.ctx.db(repo.upsert_workers, workers=live, now=now)
+            self._workers_written, self._workers_written_at = written, time.monotonic()
         known = await self.ctx.db(repo.list_workers)
         # A worker is lost when it has been silent for its TTL; heartbeats are only as old as this
         # controller's view of the state store (a restarted controller or Redis holds none yet).
@@ -143,7 +152,7 @@ class Reconciler:
         if lost:
             log.warning("workers lost: %s", ", ".join(lost))
             await self.ctx.db(repo.mark_workers_lost, worker_ids=lost, now=now)
-        self._worker_urls = {info.id: info.url for info in live}
+        self.ctx.worker_urls = {info.id: info.url for info in live}
         observed, reachable = await self._observe(live)
         async with self.ctx.routes_lock:
             snapshot = await asyncio.to_thread(self._read_snapshot)
@@ -166,7 +175,9 @@ class Reconciler:
                 log.exception("reconciling %s failed", function.name)
         async with self.ctx.routes_lock:
             await self._publish_routes(await asyncio.to_thread(self._read_snapshot))
-        await self.ctx.db(repo.prune_instances, keep_ended=KEEP_ENDED_INSTANCES)
+        if time.monotonic() - self._pruned_at >= PRUNE_EVERY_S:    # it reads every ended row
+            await self.ctx.db(repo.prune_instances, keep_ended=KEEP_ENDED_INSTANCES)
+            self._pruned_at = time.monotonic()
 
     def _read_snapshot(self) -> _Snapshot:
         with self.ctx.sessions() as session:
