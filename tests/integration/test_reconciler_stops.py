@@ -10,49 +10,35 @@ from dilu.controller.reconciler import Reconciler
 from dilu.db import repo
 from dilu.db.models import InstanceRow, utcnow
 from dilu.default_impl import create_scheduler
-from dilu.messages import READY, STARTING, FunctionStatus, InstanceStatus, StartInstance
+from dilu.messages import READY, FunctionStatus, InstanceStatus, StartInstance
 from dilu.state.memory import MemoryStore
 from dilu.worker_client import WorkerDirectory
 from tests.builders import make_spec_dict, make_worker
+from tests.integration.test_reconciler_starts import HeldStartsWorker
 
 pytestmark = pytest.mark.integration
 
 PINNED = {"memory": "64Mi", "gpu": False, "sm_request": 0.5, "sm_limit": 0.5}   # no profiling
 
 
-class RecordingWorker:
+class RecordingWorker(HeldStartsWorker):
     """Notes, in order, each stop it is told (with the routes of that instance's function the
-    state store held then) and each start."""
+    state store held then) and each start; it takes start orders at once."""
 
     def __init__(self, store: MemoryStore) -> None:
-        self.store = store
+        super().__init__(store)
+        self.release.set()
         self.calls: list[tuple] = []
-        self.statuses: dict[str, InstanceStatus] = {}
 
     async def start_instance(self, request: StartInstance) -> InstanceStatus:
         self.calls.append(("start", request.function))
-        status = InstanceStatus(request.instance_id, request.function, request.version, STARTING,
-                                endpoint=f"http://127.0.0.1:9/{request.instance_id}")
-        self.statuses[request.instance_id] = status
-        return status
+        return await super().start_instance(request)
 
     async def stop_instance(self, instance_id: str) -> None:
         function = self.statuses[instance_id].function
         routed = {e.instance_id for e in (await self.store.get_routes()).get(function, [])}
         self.calls.append(("stop", instance_id, routed))
-        self.statuses.pop(instance_id, None)
-
-    async def list_instances(self) -> list[InstanceStatus]:
-        return list(self.statuses.values())
-
-    async def read_logs(self, instance_id: str, tail: int = 200) -> str:
-        return ""
-
-    async def set_slice(self, instance_id: str, sm_request: float, sm_limit: float) -> bool:
-        return False
-
-    async def info(self) -> dict:
-        return {"runtime_pool": None}
+        await super().stop_instance(instance_id)
 
 
 def _function(sessions, name: str, versions: int = 1) -> None:  # noqa: ANN001
