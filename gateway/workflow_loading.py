@@ -264,6 +264,17 @@ def node_finished(services: Any, loads: Loads, spec: WorkflowSpec, node: str, ru
         services.spawn(services.wake_controller())
 
 
+def branch_chosen(services: Any, loads: Loads, spec: WorkflowSpec, node: str) -> None:
+    """A node behind a condition was chosen (its condition holds) before it can run: loading in
+    the slack, if the plan did not load it ahead (a branch taken too rarely) and it is cold, it starts loading now, in
+    the time its other ancestors still take, not once it is reached. The request holds it until
+    it ends."""
+    function = spec.node(node).function
+    if spec.loading != "slack" or node in loads.ahead or services.routing.endpoints(function):
+        return
+    _load(services, function, time.time() + spec.timeout_s, loads)
+
+
 def request_finished(services: Any, loads: Loads, spec: WorkflowSpec) -> None:
     """The request is over (answered or failed): its pending loads are cancelled and it expects
     none of its functions any more."""

@@ -53,9 +53,12 @@ def _error_text(body: bytes) -> str:
 
 
 async def run_workflow(spec: WorkflowSpec, request: Any, call: Call,
-                       finished: Callable[[str, dict[str, NodeRun]], None] | None = None) -> tuple[Any, dict[str, NodeRun]]:
+                       finished: Callable[[str, dict[str, NodeRun]], None] | None = None,
+                       chosen: Callable[[str], None] | None = None) -> tuple[Any, dict[str, NodeRun]]:
     """The output of the first output node that ran, and each node's run (times in ms from the
-    request's start). ``finished(node, runs)`` hears of each node once it ran or was skipped."""
+    request's start). ``finished(node, runs)`` hears of each node once it ran or was skipped;
+    ``chosen(node)`` of each node behind a condition as soon as the node its condition reads
+    answers and the condition holds, while its other ancestors may still run."""
     started = time.perf_counter()
     now_ms = lambda: round((time.perf_counter() - started) * 1000, 3)  # noqa: E731
     runs = {node.name: NodeRun() for node in spec.nodes}
@@ -88,6 +91,10 @@ async def run_workflow(spec: WorkflowSpec, request: Any, call: Call,
                                           f"{runs[name].error}", name)
             outputs[name] = json.loads(body)
             runs[name].status = "ok"
+            for other in spec.nodes:
+                if chosen is not None and other.when is not None and other.when.node == name \
+                        and other.when.holds(outputs):
+                    chosen(other.name)
         finally:
             done[name].set()
             if finished is not None and runs[name].status in ("ok", "skipped"):

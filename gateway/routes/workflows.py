@@ -20,7 +20,7 @@ from gateway.docs import AUTH_ERRORS, SECURED, ErrorBody, errors
 from gateway.errors import error_response
 from gateway.limits import BodyTooLarge, read_capped
 from gateway.routes.invoke import invoke_body
-from gateway.workflow_loading import keep_nodes, node_finished, request_finished, schedule_loads
+from gateway.workflow_loading import branch_chosen, keep_nodes, node_finished, request_finished, schedule_loads
 from gateway.workflow_run import WorkflowFailed, run_workflow
 
 router = APIRouter(prefix="/v1/workflows", tags=["workflows"], dependencies=SECURED, responses=AUTH_ERRORS)
@@ -161,7 +161,8 @@ async def invoke_workflow(name: str, request: Request, services: ServicesDep,
     loads = schedule_loads(services, name, spec)
     try:
         output, runs = await run_workflow(spec, payload, call,
-                                          lambda node, runs: node_finished(services, loads, spec, node, runs))
+                                          lambda node, runs: node_finished(services, loads, spec, node, runs),
+                                          lambda node: branch_chosen(services, loads, spec, node))
         services.workflows.record(name, runs)
         services.workflows.waited(name, loads.ahead, runs, waits, spec)
     except WorkflowFailed as failure:

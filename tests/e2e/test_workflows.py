@@ -133,6 +133,26 @@ def test_nodes_load_in_the_slack_or_when_reached(start_platform, tmp_path: Path)
     assert created < 0.5 < a_ended            # loaded at the request's arrival
 
 
+def test_a_rare_branch_loads_once_chosen_not_once_reached(start_platform, tmp_path: Path) -> None:  # noqa: ANN001
+    platform = start_platform()
+    # a decides (x becomes 2); b takes 1.5 s; c, behind a's condition, never ran before: the plan
+    # does not load it ahead, but once a has chosen it, it loads while b still runs.
+    _deploy_step(platform, tmp_path, "decide", "{op: add}")
+    _deploy_step(platform, tmp_path, "lengthy", "{op: add, sleep_s: 1.5}")
+    _deploy_step(platform, tmp_path, "rare", "{op: add, load_s: 0.3}", ("keep_alive_s: 300", "keep_alive_s: 1"))
+    spec = ("name: branchy\nloading: slack\nnodes:\n  - {name: a, function: decide}\n"
+            "  - {name: b, function: lengthy, after: [a]}\n"
+            "  - {name: c, function: rare, after: [b], when: {node: a, field: x, equals: 2}}\n")
+    assert platform.http.post("/v1/workflows", json={"yaml": spec}).status_code in (200, 201)
+    eventually(lambda: not platform.instances("rare"), timeout=60, what="rare to have no instance")
+    sent = time.time()
+    reply = platform.http.post("/v1/workflows/branchy/invoke?timings=true", json={"x": 1}).json()
+    assert reply["output"] == {"x": 4}
+    rows = platform.http.get("/v1/functions/rare/instances", params={"all": "true"}).json()
+    created = min(t for t in (datetime.fromisoformat(r["created_at"]).timestamp() for r in rows) if t > sent) - sent
+    assert reply["nodes"]["a"]["ended_ms"] / 1000 - 0.05 < created < reply["nodes"]["b"]["ended_ms"] / 1000
+
+
 def _deploy_step(platform, tmp_path: Path, name: str, model: str, scaling: tuple[str, str] | None = None) -> None:  # noqa: ANN001
     """The step fixture as function ``name`` with ``model`` options (and one scaling field replaced)."""
     folder = shutil.copytree(FIXTURE_FUNCTIONS / "step", tmp_path / name)

@@ -84,6 +84,30 @@ async def test_fan_out_fan_in_and_a_branch() -> None:
     assert result == {"from": "merger"} and runs["translate"].status == "skipped"
 
 
+async def test_a_branch_is_heard_of_as_chosen_once_its_condition_holds_before_its_parents_finish() -> None:
+    spec = make_workflow(AMBER)
+    merging = asyncio.Event()       # merge answers only once told to
+    heard: list[tuple[str, bool]] = []
+
+    async def call(function: str, body: bytes) -> tuple[int, bytes]:
+        if function == "merger":
+            await merging.wait()
+        language = "fr" if json.loads(body).get("lang") == "fr" else "en"
+        return 200, json.dumps({"meta": {"language": language}} if function == "detector" else {}).encode()
+
+    def chosen(node: str) -> None:
+        heard.append((node, merging.is_set()))
+        merging.set()
+
+    _, runs = await asyncio.wait_for(run_workflow(spec, {"lang": "fr"}, call, chosen=chosen), 10)
+    assert heard == [("translate", False)] and runs["translate"].status == "ok"
+    # Not chosen (English): never heard of, and skipped.
+    heard.clear()
+    merging.set()
+    _, runs = await run_workflow(spec, {"lang": "en"}, call, chosen=chosen)
+    assert heard == [] and runs["translate"].status == "skipped"
+
+
 async def test_siblings_run_in_parallel() -> None:
     spec = make_workflow(AMBER)
     _, runs = await run_workflow(spec, {}, fake({"detector": {"meta": {"language": "en"}}},
