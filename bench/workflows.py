@@ -16,8 +16,9 @@ workflow's requests ask for a translation one time in three (its last node is a 
 median and p99 end-to-end latency and the memory held (instance-seconds x memory, over the span
 of the measured requests, per request) for each, and the two targets: slack within 1.3x of
 warm's median, with at most half of eager's memory-time; and how long the slack policy's nodes
-stay loaded after their request's answer (the control plane's share of their memory-time). The pool's spares (interpreters with
-torch imported, shared by all functions) are not counted: the three pool policies hold the same.
+stay loaded after their request's answer (the control plane's share of their memory-time). The
+pool's spares (interpreters with torch imported, shared by all functions) are not counted: the
+three pool policies hold the same.
 """
 
 from __future__ import annotations
@@ -98,9 +99,11 @@ def _unload_lags(platform: Platform, functions: list[str], answers: list[float],
     lags = []
     for function in set(functions):
         for row in platform.http.get(f"/v1/functions/{function}/instances", params={"all": "true"}).json():
-            end = datetime.fromisoformat(row["ended_at"]).timestamp() if row["ended_at"] else None
-            before = [answer for answer in answers if end is not None and answer <= end]
-            if end is not None and since <= end <= until and before:
+            if not row["ended_at"]:
+                continue
+            end = datetime.fromisoformat(row["ended_at"]).timestamp()
+            before = [answer for answer in answers if answer <= end]
+            if since <= end <= until and before:
                 lags.append(end - max(before))
     return lags
 
@@ -139,7 +142,7 @@ def _run(platform: Platform, functions: dict[str, list[str]], requests: int, gap
     for workflow in WORKFLOWS:
         ordered = sorted(latencies[workflow])
         results[workflow] = {"median_s": statistics.median(ordered),
-                             "p99_s": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
+                             "p99_s": _quantile(ordered, 0.99),
                              "memory_mib_s": _memory_seconds(platform, functions[workflow], began, until) / requests,
                              "unload_lag_s": _unload_lags(platform, functions[workflow], answers[workflow], began, until)}
     return results

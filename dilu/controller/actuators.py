@@ -13,7 +13,6 @@ from dilu.db import repo
 from dilu.db.models import FunctionRow, InstanceRow, utcnow
 from dilu.messages import FAILED, STARTING, STOPPING, FunctionStatus, InstanceRole, StartInstance, WorkerInfo
 from dilu.policy.scheduler import PlacementRequest, Scheduler
-from dilu.state.base import Channel
 from dilu.worker_client import WorkerUnavailable
 
 log = logging.getLogger(__name__)
@@ -98,21 +97,13 @@ class Actuator:
         pass, for every fraction of a second until then the instance holds its memory idle."""
         await self.ctx.db(repo.update_instance, instance_id=row.id, state=STOPPING)
         if row.role == InstanceRole.SERVE:
-            await self._withdraw(row)     # marked stopping first: no later publication puts it back
+            async with self.ctx.routes_lock:     # marked stopping first: no later publication puts it back
+                await self.ctx.route(row.function, row.id, None)
         client = self.ctx.directory.client_for(row.worker_id, self.ctx.worker_urls.get(row.worker_id))
         if client is not None:
             self.ctx.spawn(client.stop_instance(row.id))
         if row.role == InstanceRole.SERVE:
             await self.ctx.event(row.function, "scale-down", f"{reason}; stopping {row.id}", row.id)
-
-    async def _withdraw(self, row: InstanceRow) -> None:
-        """Removes one instance from its function's published endpoints, leaving the rest."""
-        async with self.ctx.routes_lock:
-            published = (await self.ctx.store.get_routes()).get(row.function, [])
-            kept = [endpoint for endpoint in published if endpoint.instance_id != row.id]
-            if len(kept) != len(published):
-                await self.ctx.store.set_routes(row.function, kept)
-                await self.ctx.store.publish(Channel.ROUTES, {"function": row.function})
 
     async def resize(self, function: FunctionRow, rows: list[InstanceRow], chosen: Slice,
                      live: Sequence[WorkerInfo]) -> None:

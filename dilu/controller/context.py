@@ -11,7 +11,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from dilu.db import repo
-from dilu.messages import FunctionStatus
+from dilu.messages import Endpoint, FunctionStatus
 from dilu.state.base import Channel, StateStore
 from dilu.worker_client import WorkerDirectory
 
@@ -31,6 +31,15 @@ class ControllerContext:
         self.routes_lock = asyncio.Lock()
         self.worker_urls: dict[str, str | None] = {}   # the live workers' addresses, as the last pass read them
         self.background: set[asyncio.Task] = set()
+
+    async def route(self, function: str, instance_id: str, endpoint: Endpoint | None) -> None:
+        """Adds one instance's endpoint to its function's published routes (``endpoint``), or
+        removes it (None), leaving the others as they are. The caller holds ``routes_lock``."""
+        published = (await self.store.get_routes()).get(function, [])
+        routes = [e for e in published if e.instance_id != instance_id] + ([endpoint] if endpoint else [])
+        if sorted(routes, key=lambda e: e.instance_id) != sorted(published, key=lambda e: e.instance_id):
+            await self.store.set_routes(function, routes)
+            await self.store.publish(Channel.ROUTES, {"function": function})
 
     def _db(self, fn: Callable[..., Any], /, **kwargs: Any) -> Any:
         with self.sessions() as session:

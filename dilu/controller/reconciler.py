@@ -123,10 +123,7 @@ class Reconciler:
             if not updates or updates["state"] != READY:
                 return
             await self.ctx.db(repo.update_instance, instance_id=row.id, **updates)
-            published = (await self._store.get_routes()).get(row.function, [])
-            if all(endpoint.instance_id != row.id for endpoint in published):
-                await self._store.set_routes(row.function, [*published, Endpoint(row.id, status.endpoint)])
-                await self._store.publish(Channel.ROUTES, {"function": row.function})
+            await self.ctx.route(row.function, row.id, Endpoint(row.id, status.endpoint))
         await self._ready(row, status)
 
     async def reconcile_once(self) -> None:
