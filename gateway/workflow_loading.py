@@ -5,8 +5,8 @@ Inputs per node: its function's expected execution time (the median of what this
 lately, waits for cold starts left out: those are what the plan is about), its cold start (the
 loading stages' estimate of its current version), whether a ready instance exists, and how often the node ran in the workflow's recent requests (for branches).
 Acting: at each node's load time the gateway tells the controller the function will be needed
-until the node is expected to be done (``ActivityRecorder.expect``, then a demand signal), and
-the controller starts an instance if none runs and keeps it meanwhile.
+until the node is done (``ActivityRecorder.expect``, then a demand signal), and the controller
+starts an instance if none runs and keeps it meanwhile.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_EXEC_S = 0.05     # a node of a function this gateway has not served yet
 UNKNOWN_COLD_S = 2.0      # a function version never started yet
-KEEP_AFTER_S = 0.25       # the expectation outlives the node's expected end by this much (estimates' spread)
+RELEASE_HINT_MIN_S = 0.25  # a release hint lasts at least this long after a request (estimates' spread)
 HISTORY = 50              # recent requests per workflow that branch probabilities and gaps come from
 MEAN_WEIGHT = 0.3         # of the newest sample in the running means (waits, service times)
 LEADS_KEPT = 5            # the newest loads of a function its lead estimate comes from
@@ -222,9 +222,13 @@ class Loads:
 
 def schedule_loads(services: Any, name: str, spec: WorkflowSpec) -> Loads:
     """Arranges the loads the plan asks for, and expects every node's function until the node is
-    expected to be done (the request owns those expectations: ``node_finished`` ends each); the
-    caller cancels what is left when the request ends."""
+    done: the request owns those expectations, ``node_finished`` ends each, and the caller cancels
+    what is left when the request ends. Their time limit is the request's own (the workflow's
+    timeout), not the plan's estimate of the node's end: a request that runs longer than its
+    plan (an upstream node slower than its history) must not see the nodes it still needs
+    released under it and loaded again when reached."""
     now = time.time()
+    deadline = now + spec.timeout_s
     services.workflows.arrived(name, now)
     expected = estimates(services, spec, now)
     timeline = plan(spec, expected, policy=spec.loading, branch_probability=services.workflows.probability(name, spec))
@@ -232,7 +236,7 @@ def schedule_loads(services: Any, name: str, spec: WorkflowSpec) -> Loads:
     loads = Loads([], frozenset(n for n, planned in timeline.items() if planned.load_at_s is not None),
                   ends_at=now + max((planned.done_at_s for planned in timeline.values()), default=0.0))
     for node_name, planned in timeline.items():
-        function, until = spec.node(node_name).function, now + planned.done_at_s + KEEP_AFTER_S
+        function, until = spec.node(node_name).function, deadline
         # What it was pre-warmed for has come: the request holds it now (ready or still loading).
         if services.activity.take_over(function, PREWARM, loads, until):
             continue
@@ -332,7 +336,7 @@ def keep_nodes(services: Any, name: str, spec: WorkflowSpec) -> dict[str, node_k
                  "; ".join(f"{n} {v.verdict} ({v.exposed_s:.3f} s: {v.reason})" for n, v in verdicts.items()))
     window = node_keepalive.window_s(services.workflows.gaps(name)) or 0.0
     took = max(0.0, now - arrived) if arrived is not None else 0.0
-    hint_until = now + node_keepalive.release_hint_s(window, took, KEEP_AFTER_S)
+    hint_until = now + node_keepalive.release_hint_s(window, took, RELEASE_HINT_MIN_S)
     for node in spec.nodes:
         verdict, function = verdicts[node.name], node.function
         others = [verdicts[n.name].verdict for n in spec.nodes if n.function == function]

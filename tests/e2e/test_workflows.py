@@ -7,6 +7,7 @@ import json
 import shutil
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 
@@ -285,3 +286,38 @@ def test_a_node_done_mid_request_leaves_when_its_memory_outweighs_a_stop_beside_
     else:
         assert datetime.fromisoformat(latest["created_at"]).timestamp() < sent, latest      # pre-warmed
         assert ended > long_done, (latest, long_done)
+
+
+def test_a_request_slower_than_its_plan_keeps_the_nodes_it_still_needs(start_platform, tmp_path: Path) -> None:  # noqa: ANN001
+    """Every 4 s, a root that answers at once before a leaf whose 0.3 s load would show: the leaf
+    is released after each request and pre-warmed before the next. Then one request's root runs
+    2 s longer than it ever did. The leaf, loaded for that request, stays loaded until the request
+    reaches it (the request's expectation lasts until its node is done, not until the plan's
+    estimate of when that would be), rather than being released while the root still runs and
+    loaded again from nothing when reached."""
+    platform = start_platform()
+    shared = Path(tempfile.mkdtemp(prefix="dilu-gate-"))
+    shared.chmod(0o777)      # instances run as another user when the worker is root
+    gate = shared / "gate"
+    gate.write_text("open")
+    _deploy_step(platform, tmp_path, "gated", f"{{op: add, gate_file: '{gate}'}}", ("min_instances: 0", "min_instances: 1"))
+    _deploy_step(platform, tmp_path, "after", "{op: add, load_s: 0.3}", ("keep_alive_s: 300", "keep_alive_s: 1"))
+    spec = "name: late\nloading: slack\nnodes:\n  - {name: a, function: gated}\n  - {name: b, function: after, after: [a]}\n"
+    assert platform.http.post("/v1/workflows", json={"yaml": spec}).status_code in (200, 201)
+    first = _every_4_s(platform, "late", 3)
+    assert platform.http.get("/v1/workflows/late").json()["keep"]["b"]["verdict"] == "prewarm"
+    eventually(lambda: _ready(platform, "after"), timeout=4, what="the leaf to be loaded again before the next request")
+    gate.unlink()
+    (shared / "gate.started").unlink()
+    time.sleep(max(0.0, first + 12 - time.time()))
+    sent = time.time()
+    with ThreadPoolExecutor(1) as sender:
+        reply = sender.submit(platform.http.post, "/v1/workflows/late/invoke", params={"timings": "true"}, json={"x": 1})
+        eventually(lambda: (shared / "gate.started").exists(), timeout=10, what="the root to hold the request")
+        time.sleep(2.0)     # the root runs 2 s longer than its history says: the workload, not a wait for state
+        gate.write_text("open")
+        answer = reply.result(timeout=30).json()
+    assert answer["output"] == {"x": 3}, answer
+    rows = platform.http.get("/v1/functions/after/instances", params={"all": "true"}).json()
+    reloaded = [row for row in rows if datetime.fromisoformat(row["created_at"]).timestamp() > sent]
+    assert not reloaded, rows
