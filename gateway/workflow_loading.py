@@ -46,7 +46,7 @@ class WorkflowHistory:
         self._leads: dict[str, deque[float]] = {}
         self._prewarms: dict[str, asyncio.TimerHandle] = {}
         self._waits: dict[tuple[str, str], float] = {}
-        self._loads: list[list] = []           # [function, began, ended or None] (monotonic clock)
+        self._loads: list[list] = []           # [function, began, ended or None (monotonic clock), owner]
         self._alone: dict[tuple[str, str], float] = {}     # (workflow, function): service time, no load beside
         self._beside: dict[tuple[str, str], tuple[float, int]] = {}   # ... beside loads, and at which request
         self._overlap: dict[tuple[str, str], float] = {}   # (workflow, function): its load beside a node's run, s
@@ -66,17 +66,32 @@ class WorkflowHistory:
         self._arrivals.setdefault(workflow, deque(maxlen=HISTORY + 1)).append(at)
         self._requests[workflow] = self._requests.get(workflow, 0) + 1
 
-    def load_began(self, function: str, at: float) -> list:
-        """A load this gateway asked for is in flight from ``at`` (monotonic); ``load_ended`` with
-        the returned span closes it. An earlier load of the function still in flight ends here:
-        from now on this one covers it (and it may never have started: see ``superseded``)."""
+    def load_began(self, function: str, at: float, owner: object = None) -> list:
+        """A load this gateway asked for (for ``owner``: a request's ``Loads``, a pre-warm) is in
+        flight from ``at`` (monotonic); ``load_ended`` with the returned span closes it. An
+        earlier load of the function still in flight ends here: from now on this one covers it
+        (and it may never have started: see ``superseded``)."""
         self._loads = [span for span in self._loads if span[2] is None or at - span[2] < LOADS_KEPT_S]
         for older in self._loads:
             if older[0] == function and older[2] is None:
                 older[2] = at
-        span = [function, at, None]
+        span = [function, at, None, owner]
         self._loads.append(span)
         return span
+
+    def adopt(self, function: str, previous: object, owner: object) -> None:
+        """``owner`` took over ``previous``'s load of ``function`` still in flight (a request
+        arrived while its pre-warm was loading): that load is now the request's own."""
+        for span in self._loads:
+            if span[0] == function and span[2] is None and span[3] is previous:
+                span[3] = owner
+
+    def in_flight(self, function: str, owner: object) -> list | None:
+        """``owner``'s load of ``function`` still in flight, if any: a node reached before the
+        load its request asked for (or took over) is done waits for that same load, which goes
+        on being timed from when it was asked for (a pre-warm that came late counts as late,
+        not as a load that never was)."""
+        return next((span for span in self._loads if span[0] == function and span[2] is None and span[3] is owner), None)
 
     def superseded(self, span: list) -> bool:
         """Whether a newer load of the span's function began before this one became routable: a
@@ -119,7 +134,7 @@ class WorkflowHistory:
         its wait for an instance left out): remembered as alone or beside other functions' loads,
         and, beside them, how long each of those loads overlapped it."""
         overlaps = {}
-        for other, start, end in self._loads:
+        for other, start, end, _ in self._loads:
             overlap = min(ended, end if end is not None else ended) - max(began, start)
             if other != function and overlap > 0:   # one load may have two spans (planned, then reached cold)
                 overlaps[other] = max(overlaps.get(other, 0.0), overlap)
@@ -239,11 +254,16 @@ def schedule_loads(services: Any, name: str, spec: WorkflowSpec) -> Loads:
         function, until = spec.node(node_name).function, deadline
         # What it was pre-warmed for has come: the request holds it now (ready or still loading).
         if services.activity.take_over(function, PREWARM, loads, until):
+            services.workflows.adopt(function, PREWARM, loads)
             continue
         if expected[node_name].warm:
             services.activity.expect(function, until, loads)     # kept until its node is done
         elif planned.load_at_s is not None:
             loads.handles.append(loop.call_later(planned.load_at_s, _load, services, function, until, loads))
+    # The controller sees expectations as of the gateway's latest flush: until the next one it
+    # would still see the pre-warms' own, which end about when their request arrives, and
+    # release the nodes the request has just taken over.
+    services.spawn(services.flush_activity())
     return loads
 
 
@@ -298,12 +318,12 @@ def _load(services: Any, function: str, until: float, owner: object = None) -> N
     services.activity.expect(function, until, owner)
     services.spawn(services.demand(function))
     if not services.routing.endpoints(function):
-        services.spawn(_measure_lead(services, function))
+        services.spawn(_measure_lead(services, function, owner))
 
 
-async def _measure_lead(services: Any, function: str) -> None:
+async def _measure_lead(services: Any, function: str, owner: object) -> None:
     started = time.monotonic()
-    span = services.workflows.load_began(function, started)
+    span = services.workflows.load_began(function, started, owner)
     try:
         # A load nobody wants any more when its function becomes routable (its node was skipped
         # or done first) was likely never started: the function came through something else.

@@ -145,8 +145,10 @@ async def invoke_workflow(name: str, request: Request, services: ServicesDep,
 
     async def call(function: str, node_body: bytes) -> tuple[int, bytes]:
         began = time.monotonic()
-        # A node reached cold loads its function now: that load runs beside the nodes running meanwhile.
-        cold = None if services.routing.endpoints(function) else services.workflows.load_began(function, began)
+        # A node reached cold waits for the load its request asked for (or took over from a
+        # pre-warm), or loads its function now: that load runs beside the nodes running meanwhile.
+        cold = None if services.routing.endpoints(function) else (
+            services.workflows.in_flight(function, loads) or services.workflows.load_began(function, began, loads))
         outcome = await invoke_body(services, function, node_body, max_bytes=max(limit, len(node_body)),
                                     from_workflow=True)
         if cold is not None:

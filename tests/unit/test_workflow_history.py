@@ -12,7 +12,7 @@ from dilu.messages import Endpoint
 from dilu.workflow import make_workflow
 from gateway.routing import RoutingTable
 from gateway.services import ActivityRecorder
-from gateway.workflow_loading import MEAN_WEIGHT, REMEASURE_AFTER, WorkflowHistory, _measure_lead
+from gateway.workflow_loading import MEAN_WEIGHT, PREWARM, REMEASURE_AFTER, WorkflowHistory, _measure_lead
 from gateway.workflow_run import NodeRun
 
 pytestmark = pytest.mark.unit
@@ -77,13 +77,42 @@ async def test_a_load_counts_as_a_lead_time_only_if_it_is_still_wanted_when_rout
     services = SimpleNamespace(routing=routing, workflows=WorkflowHistory(), activity=ActivityRecorder(routing))
     request = object()
     services.activity.expect("fb", time.time() + 60, request)
-    measuring = asyncio.create_task(_measure_lead(services, "fb"))
+    measuring = asyncio.create_task(_measure_lead(services, "fb", request))
     await asyncio.sleep(0)                  # the measurement is waiting for the function
     if not still_wanted:
         services.activity.fulfilled("fb", request)
     routing.set_endpoints("fb", [Endpoint("fb-1", "http://127.0.0.1:9")])
     await measuring
     assert (services.workflows.lead_s("fb") is not None) == still_wanted
+
+
+async def test_a_prewarm_still_loading_when_its_node_is_reached_is_timed_as_the_load_the_node_waits_for() -> None:
+    """A request arrives while its node's pre-warm is still loading and reaches the node before
+    it is ready: the node waits for that load (it is not a new one), and the load's time, from
+    when the pre-warm asked for it, counts. Were only the pre-warms on time counted, the
+    estimate would keep the ones that were late starting too late."""
+    routing = RoutingTable(queue_size=10)
+    services = SimpleNamespace(routing=routing, workflows=WorkflowHistory(), activity=ActivityRecorder(routing))
+    services.activity.expect("fb", time.time() + 60, PREWARM)
+    measuring = asyncio.create_task(_measure_lead(services, "fb", PREWARM))
+    await asyncio.sleep(0)                  # the pre-warm's load is in flight
+    request, other = object(), object()
+    assert services.activity.take_over("fb", PREWARM, request, time.time() + 60)
+    services.workflows.adopt("fb", PREWARM, request)
+    reached = services.workflows.in_flight("fb", request)
+    assert reached is not None and services.workflows.in_flight("fb", other) is None
+    routing.set_endpoints("fb", [Endpoint("fb-1", "http://127.0.0.1:9")])
+    await measuring
+    assert services.workflows.lead_s("fb") is not None and not services.workflows.superseded(reached)
+
+
+def test_a_prewarm_no_request_took_over_is_overtaken_by_the_load_of_the_node_reached_cold() -> None:
+    history = WorkflowHistory()
+    stray = history.load_began("fb", 10.0, PREWARM)    # its request came after its expectation ended
+    request = object()
+    assert history.in_flight("fb", request) is None
+    history.load_began("fb", 14.0, request)
+    assert history.superseded(stray)
 
 
 def test_what_nodes_loaded_ahead_still_waited_is_remembered_and_warm_ones_say_nothing() -> None:
