@@ -34,8 +34,11 @@ ancestors take, all warm): ``exposed = max(0, cold_start - slack)``.
   long, a memory cost the comparison does not count (and, with a keep-alive shorter than the
   gaps, a cold start it does).
 - A node behind a condition taken less often than the slack policy loads ahead
-  (``MIN_BRANCH_PROBABILITY``) is loaded only once it is chosen, its whole cold start shown:
-  that is its ``exposed``.
+  (``MIN_BRANCH_PROBABILITY``) is not loaded ahead: it starts loading once its condition is
+  decided to hold (the node the condition reads has answered), in whatever time the nodes
+  still before it take (``decided_ahead_s``); what that does not hide is its ``exposed``. Below
+  a chosen branch, a node without a condition of its own loads when reached: all of its cold
+  start shows.
 - Otherwise ``exposed`` is the larger of the estimate (counted only above the margin: it is a difference
   of estimates) and what was **measured**: what the node still waited when loaded in the slack,
   plus its share of the slowdown its load caused to the nodes running meanwhile
@@ -105,6 +108,15 @@ def _needed_at_s(spec: WorkflowSpec, estimates: dict[str, NodeEstimate]) -> dict
     return {name: planned.needed_at_s for name, planned in plan(spec, warm, policy="on-demand").items()}
 
 
+def decided_ahead_s(spec: WorkflowSpec, estimates: dict[str, NodeEstimate]) -> dict[str, float]:
+    """For each node with a condition: how long before the node is needed (everything warm) its
+    condition is decided, when the node it reads answers."""
+    warm = {n: NodeEstimate(e.exec_s, e.cold_s, True) for n, e in estimates.items()}
+    timeline = plan(spec, warm, policy="on-demand")
+    return {node.name: round(max(0.0, timeline[node.name].needed_at_s - timeline[node.when.node].done_at_s), 6)
+            for node in spec.nodes if node.when is not None}
+
+
 def window_s(gaps: list[float], quantile: float = WINDOW_QUANTILE, maximum: float = MAX_WINDOW_S) -> float | None:
     """The gap within which ``quantile`` of the workflow's requests followed the one before
     (None without ``MIN_GAPS`` gaps)."""
@@ -136,12 +148,14 @@ def decide(spec: WorkflowSpec, estimates: dict[str, NodeEstimate], memory_bytes:
     early = window_s(gaps, EARLY_QUANTILE)
     result = {}
     conditional = behind_conditions(spec)
+    decided_ahead = decided_ahead_s(spec, estimates)
     for node in spec.nodes:
         measured = observed.get(node.name, 0.0)
         shown = max(estimated[node.name] if estimated[node.name] > margin_s else 0.0,
                     measured if measured >= NEGLIGIBLE_S else 0.0)
         if node.name in conditional and ran_probability.get(node.name, 1.0) < MIN_BRANCH_PROBABILITY:
-            shown = estimates[node.name].cold_s       # loaded when chosen, not in the slack
+            # Loaded once chosen, not in the slack: hidden only by what runs after the decision.
+            shown = round(max(0.0, estimates[node.name].cold_s - decided_ahead.get(node.name, 0.0)), 6)
         if shown == 0.0 and node.name not in probe:
             result[node.name] = NodeKeep("release", 0.0, shown, "its loading hides in the slack")
             continue
