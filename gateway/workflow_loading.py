@@ -229,6 +229,7 @@ class Loads:
     handles: list[asyncio.TimerHandle]
     ahead: frozenset[str]      # nodes cold at arrival that the plan loads ahead of need
     ends_at: float = 0.0       # when the plan expects the request to be done (unix time)
+    deadline: float = 0.0      # when the request's time limit runs out: its expectations last no longer
 
     def cancel(self) -> None:
         for handle in self.handles:
@@ -243,15 +244,15 @@ def schedule_loads(services: Any, name: str, spec: WorkflowSpec) -> Loads:
     plan (an upstream node slower than its history) must not see the nodes it still needs
     released under it and loaded again when reached."""
     now = time.time()
-    deadline = now + spec.timeout_s
     services.workflows.arrived(name, now)
     expected = estimates(services, spec, now)
     timeline = plan(spec, expected, policy=spec.loading, branch_probability=services.workflows.probability(name, spec))
     loop = asyncio.get_running_loop()
     loads = Loads([], frozenset(n for n, planned in timeline.items() if planned.load_at_s is not None),
-                  ends_at=now + max((planned.done_at_s for planned in timeline.values()), default=0.0))
+                  ends_at=now + max((planned.done_at_s for planned in timeline.values()), default=0.0),
+                  deadline=now + spec.timeout_s)
     for node_name, planned in timeline.items():
-        function, until = spec.node(node_name).function, deadline
+        function, until = spec.node(node_name).function, loads.deadline
         # What it was pre-warmed for has come: the request holds it now (ready or still loading).
         if services.activity.take_over(function, PREWARM, loads, until):
             services.workflows.adopt(function, PREWARM, loads)
@@ -281,7 +282,7 @@ def node_finished(services: Any, loads: Loads, spec: WorkflowSpec, node: str, ru
                                               price=services.settings.workflow_memory_price):
         # Kept however long the request still runs (its expectation was only until the node's
         # expected end); ``request_finished`` ends it.
-        services.activity.expect(function, time.time() + spec.timeout_s, loads)
+        services.activity.expect(function, loads.deadline, loads)
         return
     services.activity.fulfilled(function, loads)
     if services.activity.releasable_now(function):
@@ -290,13 +291,13 @@ def node_finished(services: Any, loads: Loads, spec: WorkflowSpec, node: str, ru
 
 def branch_chosen(services: Any, loads: Loads, spec: WorkflowSpec, node: str) -> None:
     """A node behind a condition was chosen (its condition holds) before it can run: loading in
-    the slack, if the plan did not load it ahead (a branch taken too rarely) and it is cold, it starts loading now, in
-    the time its other ancestors still take, not once it is reached. The request holds it until
-    it ends."""
+    the slack, if the plan did not load it ahead (a branch taken too rarely) and it is cold, it
+    starts loading now, in the time its other ancestors still take, not once it is reached. The
+    request holds it until it ends."""
     function = spec.node(node).function
     if spec.loading != "slack" or node in loads.ahead or services.routing.endpoints(function):
         return
-    _load(services, function, time.time() + spec.timeout_s, loads)
+    _load(services, function, loads.deadline, loads)
 
 
 def request_finished(services: Any, loads: Loads, spec: WorkflowSpec) -> None:
