@@ -18,7 +18,8 @@ import os
 import shutil
 import tarfile
 import tempfile
-from pathlib import Path
+from zlib import error as zlib_error
+from pathlib import Path, PurePosixPath
 
 IGNORE_FILE = ".dilignore"
 ALWAYS_IGNORED = (".git", ".hg", ".svn", "__pycache__", "*.pyc", ".venv", "venv", ".mypy_cache",
@@ -115,29 +116,57 @@ def _mib(size: int) -> str:
     return f"{size / 2**20:.1f} MiB"
 
 
+def check_members(data: bytes, max_bytes: int) -> None:
+    """Refuses an archive the platform would not unpack, naming the first bad member: anything
+    but plain files and folders (links, devices, fifos), absolute or ``..`` paths, more than
+    ``MAX_MEMBERS`` entries, or contents past ``UNPACKED_FACTOR x max_bytes``. Read as a stream,
+    so a compression bomb is refused at the header that passes the limit, not after expanding."""
+    limit, total, count = max_bytes * UNPACKED_FACTOR, 0, 0
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r|gz") as archive:
+            for member in archive:
+                count += 1
+                if count > MAX_MEMBERS:
+                    raise BundleError(f"the bundle holds more than {MAX_MEMBERS} files and folders")
+                _check_member(member)
+                total += member.size
+                if total > limit:
+                    raise BundleError(f"the bundle unpacks past {_mib(limit)} (at {member.name!r}): "
+                                      "over the expansion limit")
+    except (tarfile.TarError, EOFError, OSError, zlib_error) as exc:
+        raise BundleError(f"the bundle is not a readable .tar.gz: {exc}") from None
+
+
+def _check_member(member: tarfile.TarInfo) -> None:
+    name = member.name
+    if not (member.isfile() or member.isdir()):
+        kind = "a link" if member.issym() or member.islnk() else "a device, fifo or other special file"
+        raise BundleError(f"bundle member {name!r} is {kind}: only plain files and folders are allowed")
+    path = PurePosixPath(name)
+    if path.is_absolute() or ".." in path.parts:
+        raise BundleError(f"bundle member {name!r} points outside the bundle")
+
+
 def unpack(data: bytes, digest: str, cache_dir: Path, max_bytes: int) -> Path:
     """The bundle's files under ``cache_dir/<hex>`` (unpacked once; later calls return the folder).
-    Checks the digest and refuses links, devices, absolute or escaping paths and archives that
-    unpack past ``UNPACKED_FACTOR x max_bytes``."""
+    Checks the digest and every member (``check_members``: the gateway checked them at upload,
+    this is the second line for bundles stored before that or written to the database directly)."""
     if digest_of(data) != digest:
         raise BundleError(f"bundle {digest} does not match its content (got {digest_of(data)})")
     target = cache_dir / digest.partition(":")[2]
     if target.is_dir():
         return target
+    try:
+        check_members(data, max_bytes)
+    except BundleError as exc:
+        raise BundleError(f"bundle {digest}: {exc}") from None
     cache_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".unpack-", dir=cache_dir))
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
-            members = archive.getmembers()
-            if len(members) > MAX_MEMBERS:
-                raise BundleError(f"bundle {digest} holds {len(members)} files, over {MAX_MEMBERS}")
-            if sum(m.size for m in members) > max_bytes * UNPACKED_FACTOR:
-                raise BundleError(f"bundle {digest} unpacks past {_mib(max_bytes * UNPACKED_FACTOR)}")
-            for member in members:
-                if not (member.isfile() or member.isdir()):
-                    raise BundleError(f"bundle {digest}: {member.name} is not a plain file or folder")
+            for member in archive.getmembers():
                 inside = (staging / member.name).resolve()
-                if member.name.startswith("/") or not inside.is_relative_to(staging.resolve()):
+                if not inside.is_relative_to(staging.resolve()):
                     raise BundleError(f"bundle {digest}: {member.name} points outside the bundle")
             if hasattr(tarfile, "data_filter"):   # Python >= 3.11.4 checks again as it extracts
                 archive.extractall(staging, filter="data")

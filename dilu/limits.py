@@ -5,7 +5,10 @@ Every limit is named in the error, so a caller knows what to change.
 
 from __future__ import annotations
 
+import json
+import math
 import re
+from typing import Any
 
 import numpy as np
 import yaml
@@ -43,6 +46,22 @@ def check_json_depth(body: bytes, limit: int = MAX_JSON_DEPTH) -> None:
 def reject_constant(name: str) -> float:
     """``parse_constant`` for json.loads: NaN and Infinity are not JSON."""
     raise LimitExceeded(f"{name} is not valid JSON (use null or a finite number)")
+
+
+def finite_float(text: str) -> float:
+    """``parse_float`` for json.loads: a number too large for a double (``1e400``) would become an
+    infinity, which no handler can be sent back as JSON; refused as the constant is."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise LimitExceeded(f"the number {text[:40]} is outside the range of a 64-bit float "
+                            "(finite numbers only)")
+    return value
+
+
+def load_finite_json(body: bytes | str) -> Any:
+    """The one JSON reader for what callers send (invokes, workflow inputs, v2 headers): finite
+    numbers only. ``LimitExceeded`` for a non-finite number, ``ValueError`` for bad JSON."""
+    return json.loads(body, parse_constant=reject_constant, parse_float=finite_float)
 
 
 def check_yaml(text: str) -> yaml.Node | None:

@@ -20,6 +20,7 @@ from dilu.db.engine import make_engine, make_session_factory, migrate
 from dilu.default_impl import create_backend, create_http_client, create_scheduler, create_store, worker_id
 from dilu.messages import WorkerInfo
 from gateway.app import create_asgi
+from gateway.origin import is_loopback
 from gateway.services import GatewayServices
 from worker.agent import WorkerAgent
 from worker.backends.base import endpoint_url
@@ -144,24 +145,14 @@ def _make_agents(settings: WorkerSettings, store, sessions, url_for=None) -> lis
     return agents
 
 
-def is_loopback(host: str) -> bool:
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 def check_exposure(settings: GatewaySettings, sessions) -> None:  # noqa: ANN001
-    """A gateway without keys is open: allowed on a loopback address (said in the log), refused
-    on any other (anyone who reaches it could run code on the workers)."""
+    """A gateway on which no key was ever made is open: allowed on a loopback address (said in
+    the log), refused on any other (anyone who reaches it could run code on the workers). A
+    platform whose keys were all revoked stays closed (``dilu keys reopen`` opens it)."""
     from dilu.db import repo
 
     with sessions() as session:
-        keys = bool(settings.admin_key) or bool(repo.list_keys(session=session))
+        keys = bool(settings.admin_key) or repo.key_ever_made(session=session)
     if keys:
         return
     if not is_loopback(settings.host):

@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from gateway.auth import AuthGate
-from gateway.errors import errors_in_openapi, install_error_handlers
+from gateway.errors import KeepsConnections, errors_in_openapi, install_error_handlers
 from gateway.limits import BodyLimits
 from gateway.routes import bundles, dashboard, functions, invoke, keys, system, workflows
 from gateway.services import GatewayServices
@@ -47,11 +47,12 @@ def create_app(build_services: Callable[[], Awaitable[GatewayServices]],
 
 
 def create_asgi(build_services: Callable[[], Awaitable[GatewayServices]],
-                release: Callable[[GatewayServices], Awaitable[None]] | None = None) -> AuthGate:
-    """The app to serve: the FastAPI app behind the invoke fast path, both behind the key check."""
+                release: Callable[[GatewayServices], Awaitable[None]] | None = None) -> KeepsConnections:
+    """The app to serve: the FastAPI app behind the invoke fast path, both behind the key check,
+    all behind the last answer to an unexpected error."""
     app = create_app(build_services, release)
     def services() -> GatewayServices:
         return app.state.services
 
     limited = BodyLimits(app, lambda: services().settings)
-    return AuthGate(invoke.InvokeFastPath(limited, services), services)
+    return KeepsConnections(AuthGate(invoke.InvokeFastPath(limited, services), services), services)

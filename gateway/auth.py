@@ -1,9 +1,12 @@
 """Who is asking: API keys on every route but /healthz (and /metrics unless configured).
 
-Authentication is on once any key exists (in the database, or ``DILU_ADMIN_KEY``); before that
-the platform is open, which only a gateway on a loopback address may be (``roles`` refuses to
-start one on any other address). Keys are read from the database into memory and refreshed
-periodically and on a miss, so checking a key costs no I/O on the hot path.
+Authentication is on once a key has ever been made (in the database, or ``DILU_ADMIN_KEY``);
+revoking every key does not turn it off again (``dilu keys reopen``, on the database, does).
+Before that the platform is open, which only a gateway on a loopback address may be (``roles``
+refuses to start one on any other address, and such a gateway stays closed for its whole life),
+and an open platform answers only loopback names and its own pages (``gateway.origin``). Keys
+are read from the database into memory and refreshed periodically and on a miss, so checking a
+key costs no I/O on the hot path.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from dilu.db import repo
 from dilu.keys import Need, allows, parse, secret_matches
+from gateway.origin import refusal
 
 log = logging.getLogger(__name__)
 MISS_REFRESH_S = 1.0   # a key unknown here is looked up in the database at most this often
@@ -37,23 +41,28 @@ class Denied:
 
 
 class Authenticator:
-    def __init__(self, sessions: sessionmaker[Session], admin_key: str | None = None) -> None:
+    def __init__(self, sessions: sessionmaker[Session], admin_key: str | None = None,
+                 always_closed: bool = False) -> None:
         self._sessions = sessions
         self._admin_key = admin_key
+        self._always_closed = always_closed    # a gateway reachable from other machines
         self._keys: dict[str, tuple[str, tuple[str, ...]]] = {}   # id -> (secret hash, scopes)
+        self._ever_keyed = False
         self._last_miss_refresh = 0.0
 
     @property
     def required(self) -> bool:
-        """Whether callers must present a key (any key exists)."""
-        return bool(self._admin_key) or bool(self._keys)
+        """Whether callers must present a key (a key was ever made, or the gateway is exposed)."""
+        return bool(self._admin_key) or self._always_closed or self._ever_keyed or bool(self._keys)
 
-    def _load(self) -> dict[str, tuple[str, tuple[str, ...]]]:
+    def _load(self) -> tuple[dict[str, tuple[str, tuple[str, ...]]], bool]:
         with self._sessions() as session:
-            return {row.id: (row.secret_hash, tuple(row.scopes)) for row in repo.list_keys(session=session)}
+            rows = repo.list_keys(session=session, include_revoked=True)
+            return ({row.id: (row.secret_hash, tuple(row.scopes)) for row in rows if row.revoked_at is None},
+                    bool(rows))
 
     async def refresh(self) -> None:
-        self._keys = await asyncio.to_thread(self._load)
+        self._keys, self._ever_keyed = await asyncio.to_thread(self._load)
 
     async def check(self, authorization: str | None, need: Need, function: str | None = None) -> Denied | None:
         """None when the request may proceed."""
@@ -147,6 +156,12 @@ class AuthGate:
     async def __call__(self, scope: dict, receive, send) -> None:  # noqa: ANN001
         if scope["type"] == "http":
             services = self._services_of()
+            if not services.auth.required and scope["path"] != "/healthz":
+                why = refusal(scope["method"], {k.decode("latin-1"): v.decode("latin-1")
+                                                for k, v in scope["headers"]})
+                if why is not None:
+                    await _send_denied(send, Denied(403, why))
+                    return
             need, function = need_for(scope["method"], scope["path"], services.settings.metrics_public)
             if need is not None:
                 header = authorization_header(scope["headers"])

@@ -2,13 +2,36 @@
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.routing import APIRoute
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+try:   # the state store's client; its outage is answered like the database's
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeout
+except ImportError:  # pragma: no cover - redis is a dependency
+    RedisConnectionError = RedisTimeout = OSError
+RETRY_AFTER_S = "5"
+
+
+log = logging.getLogger(__name__)
+
+
+def outage(exc: BaseException) -> str | None:
+    """The message for an exception that means a store is down (None for any other)."""
+    if isinstance(exc, OperationalError | InterfaceError | PoolTimeout):
+        return "the database cannot answer now (is it up and reachable?); retry later"
+    if isinstance(exc, RedisConnectionError | RedisTimeout):
+        return "the state store (Redis) cannot answer now; retry later"
+    return None
 
 
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -25,6 +48,19 @@ def install_error_handlers(app: FastAPI) -> None:
                               and route.path_regex.match(request.url.path) for method in route.methods})
             headers["allow"] = ", ".join(allowed)
         return error_response(exc.status_code, str(exc.detail), headers or None)
+
+    @app.exception_handler(OperationalError)
+    @app.exception_handler(InterfaceError)
+    @app.exception_handler(PoolTimeout)
+    @app.exception_handler(RedisConnectionError)
+    @app.exception_handler(RedisTimeout)
+    async def store_down(_: Request, exc: Exception) -> JSONResponse:
+        return error_response(503, outage(exc) or "a store cannot answer now", {"retry-after": RETRY_AFTER_S})
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
+        # The framework answers with this, then re-raises to ``KeepsConnections`` below.
+        return error_response(500, f"internal error in the gateway ({type(exc).__name__}); it is logged")
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -60,3 +96,39 @@ def errors_in_openapi(app: FastAPI, *more: Callable[[dict], None]) -> None:
         return schema
 
     app.openapi = openapi
+
+
+class KeepsConnections:
+    """ASGI wrapper, outermost: an exception that escapes the app is logged once and answered
+    500 with a JSON error (when nothing was sent yet) instead of reaching the server, which
+    would close the client's keep-alive connection over it."""
+
+    def __init__(self, app, services_of) -> None:  # noqa: ANN001
+        self.app = app
+        self.services_of = services_of   # the gateway's services, once started (gRPC reaches them here)
+
+    async def __call__(self, scope: dict, receive, send) -> None:  # noqa: ANN001
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking)
+        except Exception as exc:  # noqa: BLE001 - the last line of defence for one request
+            if outage(exc) is None:
+                log.exception("unexpected error on %s %s", scope.get("method"), scope.get("path"))
+            if not started:
+                down = outage(exc)
+                message = down or f"internal error in the gateway ({type(exc).__name__}); it is logged"
+                body = json.dumps({"error": message}).encode()
+                headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+                if down:
+                    headers.append((b"retry-after", RETRY_AFTER_S.encode()))
+                await send({"type": "http.response.start", "status": 503 if down else 500, "headers": headers})
+                await send({"type": "http.response.body", "body": body})

@@ -21,6 +21,7 @@ from dilu.default_impl import create_scheduler
 from dilu.messages import READY, Endpoint, FunctionStatus, InstanceRole
 from dilu.state.base import Channel, StateStore, follow
 from gateway.auth import Authenticator
+from gateway.origin import is_loopback
 from gateway.dashboard.view import LatencyWindow, ShareHistory, sample
 from gateway.workflow_loading import WorkflowHistory
 from gateway.forward import Forwarder
@@ -171,7 +172,7 @@ class GatewayServices:
         self.activity = ActivityRecorder(self.routing)
         self.forwarder = Forwarder()
         self.scheduler = create_scheduler(settings.scheduler)  # admits resizes as placements are admitted
-        self.auth = Authenticator(sessions, settings.admin_key)
+        self.auth = Authenticator(sessions, settings.admin_key, always_closed=not is_loopback(settings.host))
         self.latency = LatencyWindow()     # the dashboard's p99 of what it served, end to end
         # What a request takes once an instance has it (waits for a cold start left out): the
         # expected time of a workflow's node, which the plan of its loads builds on.

@@ -10,12 +10,20 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from dilu.cli.client import CliError, GatewayClient
 from dilu.config import CliSettings
 
-out = Console()
-err = Console(stderr=True)
+# Plain text: what functions produce (errors, reasons, logs) is never read as rich markup, so
+# '[/]' cannot crash a command nor '[link=...]' draw a link. Colour goes through ``styled``.
+out = Console(markup=False, highlight=False)
+err = Console(stderr=True, markup=False, highlight=False)
+
+
+def styled(word: str, style: str, rest: str = "") -> Text:
+    """``word`` in ``style`` followed by ``rest`` as plain text."""
+    return Text.assemble((word, style), rest)
 
 
 def client(timeout: float = 30.0) -> GatewayClient:
@@ -24,7 +32,7 @@ def client(timeout: float = 30.0) -> GatewayClient:
 
 
 def fail(message: str) -> None:
-    err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    err.print(styled("error:", "red", f" {message}"), soft_wrap=True)
     raise typer.Exit(1)
 
 

@@ -15,7 +15,7 @@ import typer
 from rich.table import Table
 
 from dilu.cli.client import CliError, GatewayClient
-from dilu.cli.common import call, client, err, fail, json_input, out, read_file
+from dilu.cli.common import call, client, err, fail, json_input, out, read_file, styled
 from dilu.cli.simulate import simulate
 from dilu.cli.workflow import workflow_app
 from dilu.config import AllInOneSettings, CliSettings, ControllerSettings, GatewaySettings, WorkerSettings
@@ -241,11 +241,11 @@ def deploy(
         out.print(f"profiled: compute request {profile['sm_request']:g}, limit {profile['sm_limit']:g}, "
                   f"batch {profile['batch']} ({profile['trials']} trials)", highlight=False)
         if not profile.get("meets_slo", True):
-            err.print(f"[yellow]warning[/yellow]: no share meets the SLO; {name} runs on the whole device", highlight=False)
+            err.print(styled("warning", "yellow", f": no share meets the SLO; {name} runs on the whole device"))
     elif profile.get("status") == "failed":
-        err.print(f"[yellow]warning[/yellow]: profiling did not run ({profile.get('error')}); "
-                  "deployed with the default slice", highlight=False)
-    out.print(f"[green]ready[/green]: {name}  ->  POST {function['invoke_url']}", highlight=False)
+        err.print(styled("warning", "yellow", f": profiling did not run ({profile.get('error')}); "
+                                              "deployed with the default slice"))
+    out.print(styled("ready", "green", f": {name}  ->  POST {function['invoke_url']}"))
 
 
 @app.command("ls")
@@ -269,7 +269,7 @@ def describe(name: str) -> None:
         events = client.json("GET", f"/v1/functions/{name}/events", params={"limit": 10})
     except CliError as exc:
         _fail(str(exc))
-    out.print(f"[bold]{function['name']}[/bold]  version {function['version']}  status {function['status']}")
+    out.print(styled(function["name"], "bold", f"  version {function['version']}  status {function['status']}"))
     if function["error"]:
         out.print(f"error: {function['error']}", highlight=False)
     out.print(f"invoke: POST {function['invoke_url']}", highlight=False)
@@ -392,6 +392,35 @@ def keys_ls() -> None:
     for key in keys:
         table.add_row(key["id"], key["name"], ", ".join(key["scopes"]), key["created_at"][:19])
     out.print(table)
+
+
+@keys_app.command("reopen")
+def keys_reopen(
+    yes: Annotated[bool, typer.Option("--yes", help="Confirm: anyone on this machine may then deploy code")] = False,
+) -> None:
+    """Open a platform whose keys were all revoked again (on its database, not over the API:
+    only who can reach the database can do it). A gateway on a non-loopback address stays closed."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from dilu.config import CommonSettings
+    from dilu.db import repo
+    from dilu.db.engine import make_engine, make_session_factory
+
+    if not yes:
+        _fail("reopening lets anyone on this machine deploy and run code: repeat with --yes")
+    url = CommonSettings().effective_database_url
+    engine = make_engine(url)
+    try:
+        with make_session_factory(engine)() as session:
+            forgotten = repo.forget_revoked_keys(session=session)
+    except ValueError as exc:
+        _fail(str(exc))
+    except SQLAlchemyError as exc:
+        _fail(f"cannot reach the database at {url.split('@')[-1]}: {type(exc).__name__}")
+    finally:
+        engine.dispose()
+    out.print(f"forgot {forgotten} revoked key(s): gateways on loopback addresses are open again "
+              "within their key refresh")
 
 
 @keys_app.command("revoke")

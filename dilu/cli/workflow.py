@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from dilu.cli.common import call, err, json_input, out, read_file
+from dilu.cli.common import call, err, json_input, out, read_file, styled
 
 workflow_app = typer.Typer(help="Workflows: DAGs of deployed functions.", no_args_is_help=True)
 
@@ -20,8 +20,8 @@ def deploy(file: Annotated[Path, typer.Argument(help="workflow.yaml")]) -> None:
     """Deploy (or update) a workflow; its functions must be deployed already."""
     text = read_file(file)
     workflow = call("POST", "/v1/workflows", json={"yaml": text})
-    out.print(f"[green]deployed[/green] workflow {workflow['name']} (version {workflow['version']}, "
-              f"{workflow['nodes']} nodes)  ->  POST {workflow['invoke_url']}", highlight=False)
+    out.print(styled("deployed", "green", f" workflow {workflow['name']} (version {workflow['version']}, "
+                                         f"{workflow['nodes']} nodes)  ->  POST {workflow['invoke_url']}"))
 
 
 @workflow_app.command("ls")

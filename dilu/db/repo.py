@@ -28,6 +28,22 @@ def list_keys(*, session: Session, include_revoked: bool = False) -> list[ApiKey
     return list(session.scalars(query))
 
 
+def key_ever_made(*, session: Session) -> bool:
+    """Whether any key exists or ever existed (revoked rows are kept): once true, the platform
+    stays closed until ``forget_revoked_keys``."""
+    return session.scalar(select(ApiKeyRow.id).limit(1)) is not None
+
+
+def forget_revoked_keys(*, session: Session) -> int:
+    """Deletes the revoked keys, reopening a platform that has no active key; how many went.
+    ValueError while an active key exists (a platform in use is not reopened by accident)."""
+    if list_keys(session=session):
+        raise ValueError("active keys exist: revoke them first (`dilu keys ls`, `dilu keys revoke ID`)")
+    result = session.execute(delete(ApiKeyRow).where(ApiKeyRow.revoked_at.is_not(None)))
+    session.commit()
+    return result.rowcount
+
+
 def revoke_key(*, session: Session, key_id: str) -> bool:
     """Revokes a key at once; False when no such active key."""
     result = session.execute(update(ApiKeyRow).where(ApiKeyRow.id == key_id, ApiKeyRow.revoked_at.is_(None))

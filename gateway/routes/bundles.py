@@ -7,7 +7,7 @@ import asyncio
 from fastapi import APIRouter, HTTPException, Path, Request, Response
 from pydantic import BaseModel
 
-from dilu.bundles import digest_of
+from dilu.bundles import BundleError, check_members, digest_of
 from dilu.db import repo
 from gateway.deps import ServicesDep
 from gateway.docs import AUTH_ERRORS, SECURED, errors
@@ -31,16 +31,21 @@ async def read_limited(request: Request, limit: int) -> bytes:
 
 
 @router.post("", status_code=201, response_model=BundleStored, responses={
-    200: {"description": "The bundle was stored already", "model": BundleStored}, **errors(400, 413)},
+    200: {"description": "The bundle was stored already", "model": BundleStored}, **errors(400, 413, 422)},
     openapi_extra={"requestBody": {"required": True, "description": "The function's folder as a .tar.gz",
                                    "content": {"application/octet-stream": {"schema": {"type": "string",
                                                                                        "format": "binary"}}}}})
 async def upload_bundle(request: Request, response: Response, services: ServicesDep) -> BundleStored:
     """Stores a function's packed folder (the raw .tar.gz as the body); answers its digest, which
-    a deploy names as ``bundle``."""
-    data = await read_limited(request, services.settings.max_bundle_bytes)
+    a deploy names as ``bundle``. Every member is checked first (422 names the first bad one)."""
+    limit = services.settings.max_bundle_bytes
+    data = await read_limited(request, limit)
     if not data.startswith(b"\x1f\x8b"):
         raise HTTPException(400, "a bundle is a gzipped tar archive (dilu deploy packs one)")
+    try:
+        await asyncio.to_thread(check_members, data, limit)
+    except BundleError as exc:
+        raise HTTPException(422, str(exc)) from None
     digest = digest_of(data)
 
     def store() -> bool:

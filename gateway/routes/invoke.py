@@ -17,7 +17,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from dilu.instance_protocol import is_loading
-from dilu.limits import LimitExceeded, check_json_depth, reject_constant
+from dilu.limits import LimitExceeded, check_json_depth, load_finite_json
 from dilu.messages import FunctionStatus
 from gateway.docs import AUTH_ERRORS, SECURED, ErrorBody, errors
 from gateway.forward import InstanceFailed, InstanceTimeout, NotDelivered
@@ -130,7 +130,7 @@ async def _invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
         return _error(413, f"request body exceeds the limit of {limit} bytes (DILU_MAX_REQUEST_BYTES)")
     try:
         check_json_depth(body)
-        json.loads(body, parse_constant=reject_constant)
+        load_finite_json(body)
     except LimitExceeded as exc:
         return _error(400, f"request body: {exc}")
     except (ValueError, RecursionError) as exc:

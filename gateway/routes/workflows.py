@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
 from dilu.db import repo
-from dilu.limits import LimitExceeded, check_json_depth, reject_constant
+from dilu.limits import LimitExceeded, check_json_depth, load_finite_json
 from dilu.workflow import WorkflowError, check_functions, make_workflow, workflow_from_dict, workflow_to_dict
 from gateway.deps import ServicesDep
 from gateway.docs import AUTH_ERRORS, SECURED, ErrorBody, errors
@@ -133,7 +133,7 @@ async def invoke_workflow(name: str, request: Request, services: ServicesDep,
     try:
         body = await read_capped(request.stream(), request.headers.get("content-length"), limit)
         check_json_depth(body)
-        payload = json.loads(body, parse_constant=reject_constant)
+        payload = load_finite_json(body)
     except BodyTooLarge:
         return error_response(413, f"request body exceeds the limit of {limit} bytes (DILU_MAX_REQUEST_BYTES)")
     except LimitExceeded as exc:

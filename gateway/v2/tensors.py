@@ -26,6 +26,10 @@ NUMPY_TYPES: dict[str, np.dtype] = {
     "BYTES": np.dtype(object),
 }
 _LENGTH = struct.Struct("<I")
+# No request can carry more elements than this (each takes at least a byte); bounding every
+# dimension, not only their product, also keeps a zero-sized shape such as [0, 2**62] out of
+# numpy, which cannot hold such a dimension.
+MAX_ELEMENTS = 2**31 - 1
 
 
 class TensorError(ValueError):
@@ -45,6 +49,8 @@ def _check_shape(spec: TensorSpec, shape: Any) -> list[int]:
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
                                               for d in shape):
         raise TensorError(f"input {spec.name!r}: shape must be a list of sizes >= 0")
+    if math.prod(d for d in shape if d) > MAX_ELEMENTS:
+        raise TensorError(f"input {spec.name!r}: shape {shape} holds more than {MAX_ELEMENTS} elements")
     if not shape_fits(spec.shape, shape):
         raise TensorError(f"input {spec.name!r}: shape {shape} does not fit the declared shape {spec.shape}")
     return shape
@@ -98,7 +104,17 @@ def from_json(spec: TensorSpec, shape: list[int], data: Any) -> np.ndarray:
         raise TensorError(f"input {spec.name!r}: an element does not fit {spec.datatype}: {exc}") from None
     if spec.datatype.startswith(("INT", "UINT")) and not all(float(v) == int(v) for v in flat):
         raise TensorError(f"input {spec.name!r}: {spec.datatype} elements are whole numbers")
-    return array.reshape(shape)
+    return _finite(spec, array).reshape(shape)
+
+
+def _finite(spec: TensorSpec, array: np.ndarray, kind: str = "input") -> np.ndarray:
+    """``array`` when it holds no NaN or infinity: JSON, which handlers receive and answer in,
+    has neither, so one would only fail later and less clearly."""
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        position = int(np.flatnonzero(~np.isfinite(array.reshape(-1)))[0])
+        raise TensorError(f"{kind} {spec.name!r}: element {position} is {array.reshape(-1)[position]} "
+                          "(finite numbers only)")
+    return array
 
 
 def from_binary(spec: TensorSpec, shape: list[int], raw: bytes | memoryview) -> np.ndarray:
@@ -110,7 +126,7 @@ def from_binary(spec: TensorSpec, shape: list[int], raw: bytes | memoryview) -> 
     if len(raw) != count * dtype.itemsize:
         raise TensorError(f"input {spec.name!r}: {len(raw)} bytes given, shape {shape} of {spec.datatype} "
                           f"takes {count * dtype.itemsize}")
-    return np.frombuffer(raw, dtype=dtype).reshape(shape)
+    return _finite(spec, np.frombuffer(raw, dtype=dtype)).reshape(shape)
 
 
 def _split_bytes(spec: TensorSpec, raw: bytes | memoryview, count: int) -> np.ndarray:
@@ -163,7 +179,7 @@ def from_handler(spec: TensorSpec, value: Any) -> np.ndarray:
     if not shape_fits(spec.shape, array.shape):
         raise TensorError(f"output {spec.name!r}: the handler returned shape {list(array.shape)}, the spec "
                           f"declares {spec.shape}")
-    return array
+    return _finite(spec, array, "output")
 
 
 def to_json_data(spec: TensorSpec, array: np.ndarray) -> list:

@@ -3,13 +3,15 @@ anything but plain files inside the bundle's folder."""
 
 from __future__ import annotations
 
+import gzip
 import io
 import tarfile
 from pathlib import Path
 
 import pytest
 
-from dilu.bundles import BundleError, digest_of, has_module, ignored, is_digest, pack, read_member, unpack
+from dilu.bundles import (MAX_MEMBERS, BundleError, check_members, digest_of, has_module, ignored, is_digest, pack,
+                          read_member, unpack)
 
 
 def make_function(folder: Path) -> Path:
@@ -98,14 +100,61 @@ def symlink() -> tarfile.TarInfo:
     return info
 
 
-@pytest.mark.parametrize(("member", "payload", "message"), [
-    (escaping(), b"x", "points outside the bundle"),
-    (symlink(), b"", "not a plain file"),
-])
+def special(name: str, kind: bytes, linkname: str = "") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, linkname
+    return info
+
+
+def absolute() -> tarfile.TarInfo:
+    info = tarfile.TarInfo("/etc/cron.d/x")
+    info.size = 1
+    return info
+
+
+HOSTILE = [
+    (escaping(), b"x", "'../outside.py' points outside the bundle"),
+    (absolute(), b"x", "'/etc/cron.d/x' points outside the bundle"),
+    (symlink(), b"", "'link' is a link"),
+    (special("hard", tarfile.LNKTYPE, "../../etc/passwd"), b"", "'hard' is a link"),
+    (special("pipe", tarfile.FIFOTYPE), b"", "'pipe' is a device, fifo"),
+    (special("disk", tarfile.BLKTYPE), b"", "'disk' is a device, fifo"),
+    (special("tty", tarfile.CHRTYPE), b"", "'tty' is a device, fifo"),
+]
+
+
+@pytest.mark.parametrize(("member", "payload", "message"), HOSTILE)
 def test_unpack_refuses_hostile_archives(tmp_path: Path, member: tarfile.TarInfo, payload: bytes,
                                          message: str) -> None:
     data = archive_with(member, payload)
     with pytest.raises(BundleError, match=message):
+        check_members(data, 10**6)     # what the gateway runs at upload
+    with pytest.raises(BundleError, match=message):
         unpack(data, digest_of(data), tmp_path / "cache", 10**6)
     assert not (tmp_path / "outside.py").exists()
-    assert [p.name for p in (tmp_path / "cache").iterdir()] == []     # nothing half-unpacked is left
+    cache = tmp_path / "cache"
+    assert not cache.exists() or [p.name for p in cache.iterdir()] == []     # nothing half-unpacked is left
+
+
+def test_a_compression_bomb_is_refused_at_the_header_that_passes_the_limit() -> None:
+    buffer = io.BytesIO()
+    with gzip.GzipFile(fileobj=buffer, mode="wb", compresslevel=9) as zipped, \
+            tarfile.open(fileobj=zipped, mode="w") as archive:
+        info = tarfile.TarInfo("zeros.bin")
+        info.size = 64 * 2**20
+        archive.addfile(info, io.BytesIO(bytes(info.size)))
+    data = buffer.getvalue()
+    assert len(data) < 2**20      # a small upload that would expand 64 times over
+    with pytest.raises(BundleError, match="unpacks past 8.0 MiB .at 'zeros.bin'.: over the expansion limit"):
+        check_members(data, 2**20)
+
+
+def test_too_many_members_and_garbage_are_refused() -> None:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        for n in range(MAX_MEMBERS + 1):
+            archive.addfile(tarfile.TarInfo(f"f{n}"))
+    with pytest.raises(BundleError, match=f"more than {MAX_MEMBERS} files"):
+        check_members(buffer.getvalue(), 10**6)
+    with pytest.raises(BundleError, match="not a readable .tar.gz"):
+        check_members(gzip.compress(b"not a tar archive at all, but long enough to be read" * 20), 10**6)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dilu.keys import Need, allows, check_scopes, hash_secret, new_key, parse, secret_matches
-from dilu.roles import is_loopback
+from gateway.origin import is_loopback
 from gateway.auth import need_for
 
 
@@ -85,3 +85,25 @@ def test_metrics_can_need_a_key() -> None:
                                                 ("gpu-7.internal", False)])
 def test_loopback(host: str, loopback: bool) -> None:
     assert is_loopback(host) is loopback
+
+
+@pytest.mark.parametrize(("method", "headers", "refused"), [
+    ("GET", {"host": "127.0.0.1:8080"}, None),
+    ("GET", {"host": "localhost"}, None),
+    ("GET", {"host": "[::1]:8080"}, None),
+    ("GET", {"host": "evil.example:8080"}, "loopback name"),          # DNS rebinding
+    ("GET", {}, "loopback name"),
+    ("POST", {"host": "127.0.0.1:8080"}, None),                       # the CLI, curl: no Origin
+    ("POST", {"host": "127.0.0.1:8080", "origin": "http://127.0.0.1:8080"}, None),   # the gateway's own page
+    ("POST", {"host": "127.0.0.1:8080", "origin": "https://evil.example"}, "another origin"),
+    ("POST", {"host": "127.0.0.1:8080", "origin": "http://127.0.0.1:3000"}, "another origin"),
+    ("POST", {"host": "127.0.0.1:8080", "origin": "null"}, "another origin"),
+    ("DELETE", {"host": "127.0.0.1:8080", "sec-fetch-site": "cross-site"}, "another origin"),
+    ("GET", {"host": "127.0.0.1:8080", "origin": "https://evil.example"}, None),  # reads: CORS keeps the answer
+])
+def test_an_open_platform_answers_loopback_names_and_its_own_pages(method: str, headers: dict[str, str],
+                                                                   refused: str | None) -> None:
+    from gateway.origin import refusal
+
+    why = refusal(method, headers)
+    assert (why is None) if refused is None else (why is not None and refused in why)

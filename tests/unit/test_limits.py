@@ -8,7 +8,7 @@ import json
 import pytest
 
 from dilu.limits import (MAX_JSON_DEPTH, LimitExceeded, check_json_depth, check_yaml, json_depth,
-                         reject_constant)
+                         load_finite_json, reject_constant)
 from dilu.spec import SpecError, make_spec
 
 
@@ -30,6 +30,13 @@ def test_deep_json_is_refused_naming_the_limit() -> None:
 def test_nan_and_infinity_are_not_json(text: str) -> None:
     with pytest.raises(LimitExceeded, match="not valid JSON"):
         json.loads(text, parse_constant=reject_constant)
+
+
+@pytest.mark.parametrize("text", ['{"x": 1e400}', '[-1e309]', '{"a": {"b": [1, 2e308]}}'])
+def test_numbers_past_a_double_are_refused_not_made_infinite(text: str) -> None:
+    with pytest.raises(LimitExceeded, match="outside the range of a 64-bit float"):
+        load_finite_json(text)
+    assert load_finite_json('{"x": 1.5e300, "n": 12}') == {"x": 1.5e300, "n": 12}
 
 
 BASE = "name: fn\nhandler: handler:H\n"

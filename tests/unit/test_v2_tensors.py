@@ -13,7 +13,7 @@ from dilu.spec import SpecModel, TensorSpec
 from gateway.v2.grpc_service import decode
 from gateway.v2.inference import Model, ProtocolError, Result
 from gateway.v2.rest_wire import OutputChoice, decode_request, encode_response
-from gateway.v2.tensors import TensorError, from_binary, from_handler, from_json, to_binary, to_handler
+from gateway.v2.tensors import TensorError, check_header, from_binary, from_handler, from_json, to_binary, to_handler
 
 pytestmark = pytest.mark.unit
 WORDS = TensorSpec(name="words", datatype="BYTES", shape=[-1])
@@ -78,3 +78,30 @@ def test_grpc_typed_contents_are_accepted_like_raw_ones() -> None:
     request.raw_input_contents.append(b"\0")
     with pytest.raises(ProtocolError, match="raw_input_contents holds 1 tensors for 2 inputs"):
         decode(MODEL, request)
+
+
+FLOATS = TensorSpec(name="x", datatype="FP32", shape=[-1, -1])
+
+
+@pytest.mark.parametrize("raw", [np.array([1.0, np.nan], dtype="<f4").tobytes(),
+                                 np.array([np.inf, 1.0], dtype="<f4").tobytes()])
+def test_non_finite_binary_floats_are_refused_naming_the_input(raw: bytes) -> None:
+    with pytest.raises(TensorError, match=r"input 'x': element \d is (nan|inf) \(finite numbers only\)"):
+        from_binary(FLOATS, [1, 2], raw)
+
+
+def test_non_finite_json_floats_and_outputs_are_refused() -> None:
+    with pytest.raises(TensorError, match="input 'x': element 1 is inf"):
+        from_json(FLOATS, [1, 2], [1.0, float("inf")])       # what a gRPC fp32_contents may carry
+    with pytest.raises(TensorError, match="output 'x': element 0 is nan"):
+        from_handler(FLOATS, [[float("nan")]])
+
+
+@pytest.mark.parametrize("shape", [[0, 2**62], [2**31, 2], [0, 2**31 - 1, 2**31 - 1]])
+def test_shapes_past_what_a_request_can_hold_are_refused(shape: list[int]) -> None:
+    spec = TensorSpec(name="x", datatype="FP32", shape=[-1] * len(shape))
+    with pytest.raises(TensorError, match="holds more than 2147483647 elements"):
+        check_header(spec, "FP32", shape)
+    body = json.dumps({"inputs": [{"name": "counts", "datatype": "INT32", "shape": [0, 2**62], "data": []}]})
+    with pytest.raises(ProtocolError, match="holds more than"):
+        decode_request(MODEL, body.encode(), None)

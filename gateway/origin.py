@@ -1,0 +1,58 @@
+"""Who may drive an open platform: the loopback names and the gateway's own pages (pure).
+
+An open platform (no key ever made) listens on loopback only, but a web page the user visits can
+still reach it: through DNS rebinding (its own name resolving to 127.0.0.1, so the request names
+that name as ``Host``) or a cross-origin form POST. So on an open platform every request must
+name a loopback host, and a request that changes state must not come from another origin's page.
+Clients that are not browsers (the CLI, curl, SDKs) send no ``Origin`` and are unaffected.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from urllib.parse import urlsplit
+
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or address, IPv6 with or without brackets) is this machine only."""
+    host = host.strip().lower().rstrip(".")
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _host_name(authority: str) -> str:
+    """The host of ``name``, ``name:port``, ``[v6]`` or ``[v6]:port``."""
+    authority = authority.strip()
+    if authority.startswith("["):
+        return authority[: authority.find("]") + 1] if "]" in authority else authority
+    return authority.rsplit(":", 1)[0] if authority.count(":") == 1 else authority
+
+
+def refusal(method: str, headers: dict[str, str]) -> str | None:
+    """Why an open platform refuses this request (None: it may proceed). ``headers``: lower-case
+    names. Checked for every route; the origin rule for state-changing methods only."""
+    host = headers.get("host", "")
+    if not host or not is_loopback(_host_name(host)):
+        return (f"this platform has no API key, so it answers only requests addressed to a loopback name "
+                f"(localhost, 127.0.0.1, [::1]), not {host[:100]!r}: create a key "
+                "(`dilu keys create NAME --scope admin`) to serve other names")
+    if method in SAFE_METHODS:
+        return None
+    site = headers.get("sec-fetch-site")
+    origin = headers.get("origin")
+    if site not in (None, "same-origin", "none") or (origin is not None and not _same_origin(origin, host)):
+        return (f"a web page from another origin ({(origin or site or '')[:100]}) may not change this "
+                "platform: without an API key only the CLI, other non-browser clients and the gateway's own "
+                "pages may")
+    return None
+
+
+def _same_origin(origin: str, host: str) -> bool:
+    parts = urlsplit(origin)
+    return parts.scheme in ("http", "https") and parts.netloc.lower() == host.strip().lower()
