@@ -124,6 +124,18 @@ class ControllerSettings(CommonSettings):
                                                                    "unloaded this long (shorter is not worth a start)")
 
 
+def parse_range(text: str) -> tuple[int, int]:
+    """``FIRST-LAST`` (inclusive); ValueError naming the problem (root, or an empty range)."""
+    first_text, _, last_text = text.partition("-")
+    if not (first_text.strip().isdigit() and last_text.strip().isdigit()):
+        raise ValueError(f"uid range {text!r}: use FIRST-LAST, such as 300000-999999")
+    first, last = int(first_text), int(last_text)
+    if first < 1000 or last < first or last >= 2**31 - 1:
+        raise ValueError(f"uid range {text!r}: needs 1000 <= FIRST <= LAST < 2147483647 (never root or "
+                         "a system user)")
+    return first, last
+
+
 class WorkerSettings(CommonSettings):
     """One worker agent (one GPU, or the CPU)."""
 
@@ -136,10 +148,15 @@ class WorkerSettings(CommonSettings):
                                                 "(one container per instance)")
     docker_image: str = Field("dilu/runtime-cpu:latest", description="Function runtime image of CPU instances")
     docker_gpu_image: str = Field("dilu/runtime-cuda:latest", description="Function runtime image of GPU instances")
-    docker_user: str = Field("10001:10001", description="uid:gid instances run as in their containers (never root)")
-    instance_user: str = Field("nobody", description="Process runtime, worker running as root: the user (a name "
-                                                     "or uid:gid, never root) instance processes run as; auto: "
-                                                     "nobody if it can start the runtime, else the worker's user")
+    docker_user: str = Field("auto", description="uid:gid every instance container runs as (never root); auto: "
+                                                 "one uid per function, from DILU_INSTANCE_UIDS")
+    instance_uids: str = Field("300000-999999", description="Worker running as root: the uids (FIRST-LAST) its "
+                                                            "functions' instances run as, one per function on a host")
+    uid_registry: Path | None = Field(None, description="Where a host records which uid each function has "
+                                                        "(/var/lib/dilu/instance-uids.json when unset)")
+    instance_env_pass: str = Field("", max_length=2000, description="Names (comma-separated) of worker environment "
+                                                                    "variables instances may also see (beyond the "
+                                                                    "allow-list: PATH, locale, CUDA_*, ...)")
     docker_read_only: bool = Field(True, description="Read-only root filesystem for instance containers "
                                                      "(a tmpfs at /tmp)")
     heartbeat_s: float = Field(1.0, gt=0)
@@ -177,7 +194,13 @@ class WorkerSettings(CommonSettings):
             raise ValueError(f"unknown runtime {value!r}; known: process, docker")
         return value
 
-    @field_validator("docker_user", "instance_user")
+    @field_validator("instance_uids")
+    @classmethod
+    def _uid_range(cls, value: str) -> str:
+        parse_range(value)
+        return value
+
+    @field_validator("docker_user")
     @classmethod
     def _not_root(cls, value: str) -> str:
         uid = value.partition(":")[0]
@@ -209,8 +232,6 @@ class AllInOneSettings(GatewaySettings, ControllerSettings, WorkerSettings):
     local_roots: str = Field(default_factory=_default_local_roots,
                              description="Folders deploys by local path may name (default: the current "
                                          "folder and the examples)")
-    instance_user: str = Field("auto", description="Worker running as root: the user instances run as; auto: "
-                                                   "nobody when it can start the runtime, else (said loudly) root")
 
 
 class CliSettings(BaseSettings):

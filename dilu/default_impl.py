@@ -42,12 +42,13 @@ def create_backend(settings: WorkerSettings) -> RuntimeBackend:
 
         from worker.cgroups import CpuLimiter
 
-        user = _instance_user(settings) if os.geteuid() == 0 else None
+        users = _instance_users(settings) if os.geteuid() == 0 else None
         return ProcessBackend(state_dir=settings.home, python=settings.python, host=settings.host,
                               advertise_host=settings.effective_advertise_host, cpu=CpuLimiter(),
                               spares=settings.spare_processes, spares_max=settings.spare_max,
                               preload=tuple(m.strip() for m in settings.spare_preload.split(",") if m.strip()),
-                              user=user, cpu_pool=False)   # each worker agent prepares the pool it needs
+                              users=users, cpu_pool=False,    # each worker agent prepares the pool it needs
+                              passed_env=tuple(n.strip() for n in settings.instance_env_pass.split(",") if n.strip()))
     if settings.runtime == "docker":
         from worker.backends.docker import DockerBackend
 
@@ -55,31 +56,26 @@ def create_backend(settings: WorkerSettings) -> RuntimeBackend:
     raise ValueError(f"unknown runtime {settings.runtime!r}; known: process, docker")
 
 
-def _instance_user(settings: WorkerSettings):  # noqa: ANN202 - worker.sandbox.InstanceUser | None
-    """The user a root worker runs instances as. ``auto`` (the `dilu up` default): ``nobody`` when
-    it can start the runtime, else the worker's own user, said loudly; a named user must work."""
+def _instance_users(settings: WorkerSettings):  # noqa: ANN202 - worker.uids.UidRegistry
+    """A root worker's users for instances: one per function, from ``DILU_INSTANCE_UIDS``. A
+    worker whose Python those users cannot run refuses to start (instance code never runs as
+    root, and never silently falls back to it)."""
     import sys
 
-    from worker.sandbox import resolve_user, runtime_problem
+    from worker.sandbox import runtime_problem
+    from worker.uids import DEFAULT_REGISTRY, InstanceUser, UidRegistry, parse_range
 
-    automatic = settings.instance_user == "auto"
-    name = "nobody" if automatic else settings.instance_user
+    first, last = parse_range(settings.instance_uids)
     python = settings.python or sys.executable
-    try:
-        user = resolve_user(name)
-        problem = runtime_problem(python, user, Path("/"))
-    except ValueError as exc:
-        problem, user = str(exc), None
-    if problem is None:
-        return user
-    fix = (f"make the Python environment ({sys.prefix}, {python}) and Dilu readable by {name!r} (a Python "
-           "under /root is not), or name another user in DILU_INSTANCE_USER")
-    if not automatic:
-        raise RuntimeError(f"instances would run as {name!r}, who cannot start the instance runtime "
-                           f"({problem}): {fix}")
-    log.warning("INSTANCE CODE RUNS AS ROOT: %r cannot start the instance runtime (%s); to run instances "
-                "unprivileged, %s", name, problem, fix)
-    return None
+    problem = runtime_problem(python, InstanceUser(first, first, f"uid {first}"), Path("/"))
+    if problem is not None:
+        raise RuntimeError(
+            f"instance code never runs as root, and the unprivileged instance users (uids {first}-{last}) cannot "
+            f"start the instance runtime with {python} ({problem}). Make that Python environment ({sys.prefix}) and "
+            "Dilu readable by others (a Python under /root is not: `chmod o+x` on each folder above it opens "
+            "traversal only), point DILU_PYTHON at an interpreter they can run, or run the worker as a "
+            "user other than root")
+    return UidRegistry(settings.uid_registry or DEFAULT_REGISTRY, (first, last), settings.home)
 
 
 def create_http_client() -> httpx.AsyncClient:

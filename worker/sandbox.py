@@ -1,12 +1,12 @@
 """Where and as whom process-runtime instances run when the worker is root.
 
-Instance code never runs as root: a root worker starts each instance process as an unprivileged
-user (``DILU_INSTANCE_USER``, ``nobody`` by default) in a folder of its own,
-``<root>/<instance>/`` (owned by that user, mode 0700) holding ``code/`` (the function's files,
-hard-linked from the bundle cache where they are readable to all, copied otherwise) and
-``home/`` (its HOME and TMPDIR). The worker's own state (database, bundle cache, logs, other
-instances) stays out of its reach; ``<root>/run/`` holds what every instance must reach (the
-token manager's socket, the simulated GPU's clock).
+Instance code never runs as root: a root worker starts each instance process as its function's
+own unprivileged user (``worker.uids``) in a folder of its own, ``<root>/<instance>/`` (owned by
+that user, mode 0700) holding ``code/`` (the function's files, hard-linked from the bundle cache
+where they are readable to all, copied otherwise) and ``home/`` (its HOME and TMPDIR). The
+worker's own state (database, bundle cache, logs) and other functions' instances stay out of its
+reach; ``<root>/run/`` holds what every instance must reach (the token manager's socket, the
+simulated GPU's clock).
 """
 
 from __future__ import annotations
@@ -18,11 +18,13 @@ import signal
 import shutil
 import stat
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
+
+from worker.uids import InstanceUser, UidRegistry
 
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_DUMPABLE = 4
 
 
 def die_with_parent() -> None:
@@ -34,11 +36,12 @@ def die_with_parent() -> None:
         pass
 
 
-@dataclass(frozen=True)
-class InstanceUser:
-    uid: int
-    gid: int
-    name: str
+def set_dumpable() -> None:
+    """Marks the calling process dumpable (a credential change cleared it)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 1)
+    except (OSError, AttributeError):
+        pass
 
 
 def resolve_user(value: str) -> InstanceUser:
@@ -59,11 +62,12 @@ def resolve_user(value: str) -> InstanceUser:
     return user
 
 
-def become(user: InstanceUser) -> None:
-    """In the child, before exec: drop every group and become ``user`` (no way back)."""
+def become(uid: int, gid: int) -> None:
+    """Drop every group and become ``uid:gid`` (no way back): in a child before exec, or in a
+    root spare at its assignment."""
     os.setgroups([])
-    os.setgid(user.gid)
-    os.setuid(user.uid)
+    os.setgid(gid)
+    os.setuid(uid)
 
 
 def _readable_by_all(path: Path) -> bool:
@@ -88,8 +92,8 @@ def _link_or_copy(source: str, target: str) -> None:
 class Sandboxes:
     """The folders of one worker's instances, under a root made for it in the temp folder."""
 
-    def __init__(self, user: InstanceUser) -> None:
-        self.user = user
+    def __init__(self, users: UidRegistry) -> None:
+        self.users = users
         # mkdtemp: a new folder only this process made (no one can have planted it), then opened
         # to traversal only: others cannot list it, each instance reaches its own folder.
         self.root = Path(tempfile.mkdtemp(prefix="dilu-instances-"))
@@ -97,8 +101,8 @@ class Sandboxes:
         self.shared = self.root / "run"
         self.shared.mkdir(mode=0o711)
 
-    def create(self, instance_id: str, source_dir: str) -> tuple[Path, Path]:
-        """(code folder, home folder) of a new instance, its code in place."""
+    def create(self, instance_id: str, source_dir: str, user: InstanceUser) -> tuple[Path, Path]:
+        """(code folder, home folder) of a new instance of ``user``'s function, its code in place."""
         folder = self.root / instance_id
         folder.mkdir(mode=0o700)
         code, home = folder / "code", folder / "home"
@@ -111,8 +115,8 @@ class Sandboxes:
         else:
             code.mkdir(mode=0o755)
         home.mkdir(mode=0o700)
-        os.chown(home, self.user.uid, self.user.gid)
-        os.chown(folder, self.user.uid, self.user.gid)
+        os.chown(home, user.uid, user.gid)
+        os.chown(folder, user.uid, user.gid)
         return code, home
 
     def remove(self, instance_id: str) -> None:

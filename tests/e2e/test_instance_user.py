@@ -1,57 +1,112 @@
-"""Process-runtime instances of a root worker run as an unprivileged user, in a folder of their
-own, out of reach of the worker's state; simulated-GPU instances still reach their token manager."""
+"""Process-runtime instances of a root worker run as their function's own unprivileged user, in a
+folder of their own, out of reach of the worker's state, of other functions (code, files,
+/proc) and of the worker's secrets; simulated-GPU instances still reach their token manager; a
+root worker whose Python those users cannot run refuses to start instead of running code as root."""
 
 from __future__ import annotations
 
 import os
-import pwd
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import FIXTURE_FUNCTIONS, ROOT
+from tests.platform import dilu_executable
 from tests.shim_harness import build_shim
 from tests.waiting import eventually
-from worker.sandbox import resolve_user, runtime_problem
+from worker.sandbox import runtime_problem
+from worker.uids import InstanceUser
+
+FIRST_UID = 300000     # the default DILU_INSTANCE_UIDS starts here
+
 
 def _why_not() -> str | None:
     if os.geteuid() != 0:
         return "the user switch is what a root worker does"
-    problem = runtime_problem(sys.executable, resolve_user("nobody"), Path("/"))
-    return f"nobody cannot start the instance runtime here ({problem}); .ci/run opens the way" if problem else None
+    problem = runtime_problem(sys.executable, InstanceUser(FIRST_UID, FIRST_UID, "probe"), Path("/"))
+    return f"instance users cannot start the instance runtime here ({problem}); .ci/run opens the way" if problem else None
 
 
-pytestmark = pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()))
+switching_users = pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()))
+SECRET = "s3cr3t-cluster-key-of-the-platform-0123"
 
 
-def test_instances_run_unprivileged_and_apart(start_platform, tmp_path: Path) -> None:  # noqa: ANN001
-    platform = start_platform()
-    source = shutil.copytree(FIXTURE_FUNCTIONS / "snoop", tmp_path / "snoop")
-    (source / "secret.txt").write_text("only root may read this")
+def deploy_snoop(platform, tmp_path: Path, name: str, extra: str = "") -> None:  # noqa: ANN001
+    source = shutil.copytree(FIXTURE_FUNCTIONS / "snoop", tmp_path / name)
+    spec = (source / "model.yaml").read_text().replace("name: snoop", f"name: {name}") + extra
+    (source / "model.yaml").write_text(spec)
+    (source / "secret.txt").write_text(f"only {name} may read this")
     (source / "secret.txt").chmod(0o600)
     deployed = platform.cli("deploy", str(source / "model.yaml"))     # uploaded as a bundle
     assert deployed.returncode == 0, deployed.stderr
-    home = platform.home
-    reply = platform.invoke("snoop", {"paths": [str(home / "dilu.db"), str(home / "bundles"), str(home / "logs"),
-                                                "/root", "secret.txt"]})
+
+
+def snoop(platform, name: str, **probe) -> dict:  # noqa: ANN001
+    reply = platform.invoke(name, probe)
     assert reply.status_code == 200, reply.text
-    seen = reply.json()
-    nobody = pwd.getpwnam("nobody")
-    assert (seen["uid"], seen["gid"], seen["groups"]) == (nobody.pw_uid, nobody.pw_gid, [])
-    assert seen["readable"] == {str(home / "dilu.db"): False, str(home / "bundles"): False,
-                                str(home / "logs"): False, "/root": False,
-                                "secret.txt": True}     # its own code, even a file only its owner could read
-    assert seen["home_writable"] and seen["home"] != os.environ.get("HOME")
-    sandbox = Path(seen["cwd"]).parent
-    assert sandbox.stat().st_uid == nobody.pw_uid and (sandbox.stat().st_mode & 0o777) == 0o700
+    return reply.json()
 
-    # Deleting the function removes its folder.
-    assert platform.cli("rm", "snoop").returncode == 0
+
+@switching_users
+def test_instances_run_unprivileged_and_apart(start_platform, tmp_path: Path) -> None:  # noqa: ANN001
+    platform = start_platform(env={"DILU_CLUSTER_KEY": SECRET, "MY_PLATFORM_TOKEN": "t0ken"})
+    deploy_snoop(platform, tmp_path, "alpha")
+    # A PYTHON* variable is read at start-up, so beta's instance is a fresh process, alpha's a spare.
+    deploy_snoop(platform, tmp_path, "beta", "env: {PYTHONDONTWRITEBYTECODE: '1'}\n")
+    home = platform.home
+    alpha = snoop(platform, "alpha", paths=[str(home / "dilu.db"), str(home / "bundles"), str(home / "logs"),
+                                           "/root", "secret.txt"],
+                  env=["DILU_CLUSTER_KEY", "MY_PLATFORM_TOKEN", "DILU_DATABASE_URL", "PATH"])
+    assert alpha["uid"] >= FIRST_UID and (alpha["gid"], alpha["groups"]) == (alpha["uid"], [])
+    assert alpha["readable"] == {str(home / "dilu.db"): False, str(home / "bundles"): False,
+                                 str(home / "logs"): False, "/root": False,
+                                 "secret.txt": True}     # its own code, even a file only its owner could read
+    assert alpha["env"]["DILU_CLUSTER_KEY"] is None and alpha["env"]["MY_PLATFORM_TOKEN"] is None
+    assert alpha["env"]["DILU_DATABASE_URL"] is None and alpha["env"]["PATH"]
+    assert alpha["home_writable"] and alpha["home"] != os.environ.get("HOME")
+    sandbox = Path(alpha["cwd"]).parent
+    assert sandbox.stat().st_uid == alpha["uid"] and (sandbox.stat().st_mode & 0o777) == 0o700
+
+    # beta, as an attacker: another user, and nothing of alpha's is readable.
+    victim = f"/proc/{alpha['pid']}"
+    beta = snoop(platform, "beta", paths=[f"{victim}/environ", f"{victim}/cwd", f"{victim}/root", alpha["cwd"],
+                                          f"{alpha['cwd']}/secret.txt", f"{alpha['cwd']}/handler.py"],
+                 env=["DILU_CLUSTER_KEY"])
+    assert beta["uid"] >= FIRST_UID and beta["uid"] != alpha["uid"]
+    assert not any(beta["readable"].values()), beta["readable"]
+    assert beta["env"]["DILU_CLUSTER_KEY"] is None
+    # Its own /proc is its own (a fresh process), as alpha's is (a spare that switched users).
+    assert snoop(platform, "beta", paths=[f"/proc/{beta['pid']}/environ"])["readable"] == {
+        f"/proc/{beta['pid']}/environ": True}
+    assert snoop(platform, "alpha", paths=["/proc/self/environ", "/proc/self/fd"])["readable"] == {
+        "/proc/self/environ": True, "/proc/self/fd": True}
+
+    # A function keeps its user across instances; deleting the function removes its folder.
+    assert platform.cli("rm", "alpha").returncode == 0
     eventually(lambda: not sandbox.exists(), timeout=30, what="the instance folder to be removed")
+    (tmp_path / "again").mkdir()
+    deploy_snoop(platform, tmp_path / "again", "alpha")
+    assert snoop(platform, "alpha")["uid"] == alpha["uid"]
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="the user switch is what a root worker does")
+def test_a_root_worker_that_cannot_run_instances_unprivileged_refuses_to_start(tmp_path: Path) -> None:
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)       # as /root is: its owner alone may traverse it
+    (private / "python").symlink_to(sys.executable)
+    env = {**os.environ, "DILU_HOME": str(tmp_path / "home"), "DILU_PYTHON": str(private / "python"),
+           "DILU_GRPC_PORT": "0"}
+    started = subprocess.run([dilu_executable(), "up", "--port", "0"], env=env, capture_output=True, text=True,
+                             timeout=120, stdin=subprocess.DEVNULL)
+    assert started.returncode != 0
+    assert "instance code never runs as root" in started.stderr and "chmod o+x" in started.stderr, started.stderr
+    assert "Traceback" not in started.stderr
+
+
+@switching_users
 def test_gpu_instances_reach_the_token_manager_as_another_user(start_platform) -> None:  # noqa: ANN001
     build_shim()
     platform = start_platform(env={"DILU_FAKE_GPUS": "1", "DILU_GPUS": "none"})

@@ -72,3 +72,19 @@ def test_a_worker_that_tunes_malloc_itself_passes_its_own_setting_on(tmp_path: P
     backend = ProcessBackend(state_dir=tmp_path, base_env={"MALLOC_ARENA_MAX": "4"}, cpu_pool=False)
     env = backend.instance_env(make_start("i-1", "/src"), CPU, tmp_path / "c.json", 7)
     assert env["MALLOC_ARENA_MAX"] == "4" and "GLIBC_TUNABLES" not in env
+
+
+def test_instances_inherit_an_allow_list_never_the_workers_secrets(tmp_path: Path) -> None:
+    worker_env = {"PATH": "/bin", "LANG": "C.UTF-8", "LC_ALL": "C", "OPENBLAS_CORETYPE": "Haswell",
+                  "DILU_FAKE_NS_PER_BLOCK": "500", "DILU_CLUSTER_KEY": "k" * 32, "DILU_ADMIN_KEY": "a" * 32,
+                  "DILU_DATABASE_URL": "postgresql://dilu:hunter2@db/dilu", "AWS_SECRET_ACCESS_KEY": "x",
+                  "HOME": "/root", "SSH_AUTH_SOCK": "/tmp/agent", "HF_TOKEN": "hf_x"}
+    backend = ProcessBackend(state_dir=tmp_path, base_env=worker_env, cpu_pool=False, passed_env=("HF_TOKEN",))
+    env = backend.instance_env(make_start("i-1", "/src", env={"MODE": "fast"}), CPU, tmp_path / "c.json", 7)
+    for secret in ("DILU_CLUSTER_KEY", "DILU_ADMIN_KEY", "DILU_DATABASE_URL", "AWS_SECRET_ACCESS_KEY",
+                   "SSH_AUTH_SOCK", "HOME"):
+        assert secret not in env, secret
+    assert {name: env[name] for name in ("PATH", "LANG", "LC_ALL", "OPENBLAS_CORETYPE", "DILU_FAKE_NS_PER_BLOCK",
+                                         "HF_TOKEN", "MODE")} == {
+        "PATH": "/bin", "LANG": "C.UTF-8", "LC_ALL": "C", "OPENBLAS_CORETYPE": "Haswell",
+        "DILU_FAKE_NS_PER_BLOCK": "500", "HF_TOKEN": "hf_x", "MODE": "fast"}   # passed on purpose, and its spec's

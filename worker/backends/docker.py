@@ -103,11 +103,13 @@ class DockerBackend:
     """Implements RuntimeBackend with one container per instance."""
 
     def __init__(self, *, client: Any, cpu_image: str, gpu_image: str, user: str, host: str,
-                 advertise_host: str, read_only: bool = True, cores: int | None = None) -> None:
+                 advertise_host: str, read_only: bool = True, cores: int | None = None,
+                 users: Any = None) -> None:
         self._client = client
         self._cpu_image = cpu_image
         self._gpu_image = gpu_image
-        self._user = user
+        self._user = user              # uid:gid of every container, unless users gives one per function
+        self._users = users            # worker.uids.UidRegistry, or None
         self._host = host
         self._advertise = advertise_host
         self._read_only = read_only
@@ -127,9 +129,22 @@ class DockerBackend:
         except docker.errors.DockerException as exc:
             raise RuntimeError(f"the docker runtime needs a Docker engine (DOCKER_HOST or "
                                f"/var/run/docker.sock): {exc}") from None
+        users = None
+        if settings.docker_user == "auto":   # one uid per function, recorded like the process runtime's
+            from worker.uids import DEFAULT_REGISTRY, UidRegistry, parse_range
+
+            registry = settings.uid_registry or (DEFAULT_REGISTRY if os.geteuid() == 0
+                                                 else settings.home / "instance-uids.json")
+            users = UidRegistry(registry, parse_range(settings.instance_uids), settings.home)
         return cls(client=client, cpu_image=settings.docker_image, gpu_image=settings.docker_gpu_image,
                    user=settings.docker_user, host=settings.host, advertise_host=settings.effective_advertise_host,
-                   read_only=settings.docker_read_only)
+                   read_only=settings.docker_read_only, users=users)
+
+    def _user_of(self, function: str) -> str:
+        if self._users is None:
+            return self._user
+        user = self._users.user_for(function)
+        return f"{user.uid}:{user.gid}"
 
     # ---- start ----
     async def start(self, request: StartInstance, device: DeviceInfo, log_path: Path,
@@ -190,7 +205,7 @@ class DockerBackend:
         env = keeping_freed_memory(env)
         kwargs: dict[str, Any] = dict(
             image=image, command=["python", "-m", "worker.instance"], name=container_name(request.instance_id),
-            detach=True, network_mode="host", user=self._user, environment=env,
+            detach=True, network_mode="host", user=self._user_of(request.function), environment=env,
             working_dir=code_dir or None, read_only=self._read_only, tmpfs=dict(TMPFS) if self._read_only else None,
             cap_drop=["ALL"], security_opt=["no-new-privileges"], mem_limit=request.memory_bytes,
             pids_limit=4096, init=True,

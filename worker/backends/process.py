@@ -10,8 +10,11 @@ assignment. An instance whose own environment can be applied after start-up (no 
 ``LD_*`` variables in its spec) takes a spare of its kind instead of a fresh process, and a new
 spare is forked behind it. Each agent asks for the pool its device needs (``prepare_pool``).
 
-A worker running as root starts every instance (and spare) as an unprivileged user, each in a
-folder of its own (``worker.sandbox``); the instance's config travels in its environment.
+A worker running as root starts every instance as its function's own unprivileged user, each in
+a folder of its own (``worker.sandbox``, ``worker.uids``); spares wait as root, running only the
+platform's code, and take their function's user at assignment, before anything of the function
+runs. The instance's config travels in its environment, which is built from an allow-list
+(``worker.backends.instance_env``): nothing of the worker's own settings or secrets.
 """
 
 from __future__ import annotations
@@ -35,14 +38,16 @@ from worker.backends.heap import keeping_freed_memory
 from worker.backends.spares import (Spare, SpareLaunch, SparePool, exec_time, pool_key,
                                     preload_env)
 from worker.pool import PoolSizer
+from worker.backends.instance_env import allowed_env
 from worker.sandbox import InstanceUser, Sandboxes, become, die_with_parent
+from worker.uids import UidRegistry
 
 
 def _child_setup(procs_file: str | None, user: InstanceUser | None):  # noqa: ANN202
     def setup() -> None:
         join_group(procs_file)      # while still privileged enough to write the cgroup
         if user is not None:
-            become(user)
+            become(user.uid, user.gid)
         die_with_parent()           # after the switch: changing credentials clears it
 
     return setup
@@ -66,17 +71,18 @@ class ProcessBackend:
     def __init__(self, *, state_dir: Path, python: str | None = None, host: str = "127.0.0.1",
                  advertise_host: str | None = None, base_env: dict[str, str] | None = None,
                  cpu: CpuLimiter | None = None, spares: int = 0, spares_max: int | None = None,
-                 preload: tuple[str, ...] = (), user: InstanceUser | None = None, cpu_pool: bool = True) -> None:
+                 preload: tuple[str, ...] = (), users: UidRegistry | None = None, cpu_pool: bool = True,
+                 passed_env: tuple[str, ...] = ()) -> None:
         self._state_dir = state_dir
         self._bounds = (spares, max(spares, spares_max if spares_max is not None else spares))
         PoolSizer(*self._bounds)   # checks the bounds now, not at the first pool
         self._preload = tuple(preload)
-        self._sandboxes = Sandboxes(user) if user is not None else None
+        self._sandboxes = Sandboxes(users) if users is not None else None
         self.cpu = cpu
         self._python = python or sys.executable
         self._host = host
         self._advertise = advertise_host or host
-        self._base_env = dict(os.environ if base_env is None else base_env)
+        self._base_env = allowed_env(os.environ if base_env is None else base_env, passed_env)
         self._pools: dict[tuple, SparePool] = {}
         if cpu_pool:
             self.prepare_pool({})
@@ -89,7 +95,7 @@ class ProcessBackend:
 
     def instance_env(self, request: StartInstance, device: DeviceInfo, config_json: str, fd: int,
                      extra_env: dict[str, str] | None = None, instance_key: str = "",
-                     home: Path | None = None) -> dict[str, str]:
+                     home: Path | None = None, user: InstanceUser | None = None) -> dict[str, str]:
         env = with_injection({**self._base_env, **(request.spec.get("env") or {})}, extra_env)
         env.update({
             protocol.ENV_KEY: instance_key,
@@ -103,8 +109,9 @@ class ProcessBackend:
             "PYTHONUNBUFFERED": "1",
         })
         if home is not None:   # its own HOME and temp folder, not the worker's
-            env.update({"HOME": str(home), "TMPDIR": str(home), "USER": self._sandboxes.user.name,
-                        "LOGNAME": self._sandboxes.user.name})
+            env.update({"HOME": str(home), "TMPDIR": str(home)})
+        if user is not None:
+            env.update({"USER": user.name, "LOGNAME": user.name})
         return keeping_freed_memory(env)
 
     async def start(self, request: StartInstance, device: DeviceInfo, log_path: Path,
@@ -114,12 +121,13 @@ class ProcessBackend:
                                "it needs a worker with the docker runtime (DILU_RUNTIME=docker)")
         key = protocol.new_key()
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        code, home = await asyncio.to_thread(self._place_code, request)
+        user = self._user_of(request)
+        code, home = await asyncio.to_thread(self._place_code, request, user)
         config_json = self._config_json(request, code)
         spare = self._take_spare(request, extra_env)
         if spare is not None:
             try:
-                return self._assign(spare, request, device, config_json, code, home, log_path, extra_env, key)
+                return self._assign(spare, request, device, config_json, code, home, log_path, extra_env, key, user)
             finally:
                 self._refill()
         listener = inheritable_listener(self._host)
@@ -128,10 +136,11 @@ class ProcessBackend:
             with open(log_path, "ab") as log:
                 process = subprocess.Popen(
                     [self._python, "-m", "worker.instance"],
-                    env=self.instance_env(request, device, config_json, listener.fileno(), extra_env, key, home),
+                    env=self.instance_env(request, device, config_json, listener.fileno(), extra_env, key, home,
+                                          user),
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     pass_fds=(listener.fileno(),), start_new_session=True,
-                    preexec_fn=_child_setup(self._cpu_group(request, device), self._user), cwd=code,
+                    preexec_fn=_child_setup(self._cpu_group(request, device), user), cwd=code,
                 )
         except OSError as exc:
             raise RuntimeError(f"cannot start instance process: {exc}") from exc
@@ -140,16 +149,16 @@ class ProcessBackend:
         return RunningInstance(endpoint=endpoint_url(self._advertise, port) + protocol.route_prefix(key),
                                pid=process.pid, handle=process)
 
-    @property
-    def _user(self) -> InstanceUser | None:
-        return self._sandboxes.user if self._sandboxes else None
+    def _user_of(self, request: StartInstance) -> InstanceUser | None:
+        """The function's own user on this host (None: instances run as the worker's user)."""
+        return self._sandboxes.users.user_for(request.function) if self._sandboxes else None
 
-    def _place_code(self, request: StartInstance) -> tuple[str, Path | None]:
+    def _place_code(self, request: StartInstance, user: InstanceUser | None) -> tuple[str, Path | None]:
         """(working folder, HOME or None): the instance's own copy of its code when it runs as
         another user (who cannot reach the worker's folders), else the code where it is."""
-        if self._sandboxes is None:
+        if self._sandboxes is None or user is None:
             return request.source_dir, None
-        code, home = self._sandboxes.create(request.instance_id, request.source_dir)
+        code, home = self._sandboxes.create(request.instance_id, request.source_dir, user)
         return str(code), home
 
     @staticmethod
@@ -177,8 +186,9 @@ class ProcessBackend:
                              cwd=self._sandboxes.shared if self._sandboxes else self._state_dir,
                              logs=self._state_dir / "logs", host=self._host, advertise=self._advertise,
                              # Pool processes wait in the background group: refilling never slows
-                             # serving down; an assigned spare moves to its instance's group.
-                             preexec=_child_setup(self._background_group(), self._user))
+                             # serving down; an assigned spare moves to its instance's group and
+                             # takes its function's user.
+                             preexec=_child_setup(self._background_group(), None))
         self._pools[key] = SparePool(launch, PoolSizer(*self._bounds))
 
     def pool(self, exec_env: dict[str, str] | None = None) -> SparePool | None:
@@ -209,7 +219,8 @@ class ProcessBackend:
         return pool.take() if pool is not None else None
 
     def _assign(self, spare: Spare, request: StartInstance, device: DeviceInfo, config_json: str, code: str,
-                home: Path | None, log_path: Path, extra_env: dict[str, str] | None, key: str) -> RunningInstance:
+                home: Path | None, log_path: Path, extra_env: dict[str, str] | None, key: str,
+                user: InstanceUser | None) -> RunningInstance:
         # Out of the background group: a CPU instance into its slice's group; a GPU instance
         # (sliced by its token manager) into a group of its own without a quota.
         procs = self._cpu_group(request, device) or (
@@ -217,8 +228,8 @@ class ProcessBackend:
         if procs:
             join_group_of(procs, spare.process.pid)
         os.replace(spare.log_path, log_path)
-        env = self.instance_env(request, device, config_json, spare.fd, extra_env, key, home)
-        assignment = {"env": env, "cwd": code}
+        env = self.instance_env(request, device, config_json, spare.fd, extra_env, key, home, user)
+        assignment = {"env": env, "cwd": code, "user": [user.uid, user.gid] if user is not None else None}
         try:
             spare.process.stdin.write((json.dumps(assignment) + "\n").encode())
             spare.process.stdin.close()

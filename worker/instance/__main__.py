@@ -38,11 +38,25 @@ def _await_assignment(listener_fd: int | None = None) -> float | None:
         return None
     assignment = json.loads(line)
     assigned_at = time.time()
+    if assignment.get("user"):
+        _become(*assignment["user"])
     os.environ.update(assignment["env"])
     if listener_fd is not None:
         os.environ[ENV_LISTEN_FD] = str(listener_fd)
     os.chdir(assignment["cwd"])
     return assigned_at
+
+
+def _become(uid: int, gid: int) -> None:
+    """A root spare takes its function's user before anything of the function runs (no way back).
+    The switch leaves the process undumpable, its /proc owned by root, which would close even
+    /proc/self/fd to the function; made dumpable again, it is like any process of that user:
+    open to the function's own processes only."""
+    from worker.sandbox import become, die_with_parent, set_dumpable
+
+    become(uid, gid)
+    die_with_parent()       # changing credentials cleared it
+    set_dumpable()
 
 
 def _serve_assignment(listener_fd: int) -> None:
