@@ -156,9 +156,13 @@ class SpecModel(_Strict):
         description="A container image that already holds the handler (docker runtime); the code is "
                     "then not uploaded and the handler's module is imported from the image's working "
                     "directory or its Python path")
-    # Inference is normally free of side effects, so a request whose instance died under it is
-    # retried once elsewhere; a function with side effects sets this to false.
-    idempotent: bool = Field(True, description="May a request be retried on another instance after a failure")
+    # Inference is normally free of side effects, so a latency function's request whose instance
+    # died under it is retried once elsewhere; a batch function's (training, jobs that write) is
+    # not. A function says otherwise with this.
+    idempotent: bool | None = Field(None, description="May a request whose instance died while serving it be "
+                                                      "retried once on another instance (the reply then carries "
+                                                      "x-dilu-retried)? Default: true for class latency, false "
+                                                      "for class batch")
     inputs: list[TensorSpec] = Field(
         default_factory=list, max_length=64,
         description="Declared input tensors: the function then also serves the inference protocol (v2) at "
@@ -286,3 +290,10 @@ def spec_to_dict(spec: FunctionSpec) -> dict[str, Any]:
 
 def json_schema() -> dict[str, Any]:
     return SpecModel.model_json_schema(by_alias=True)
+
+
+def retries_after_failure(spec: dict[str, Any]) -> bool:
+    """Whether a request whose instance died under it is tried once more elsewhere (the wire
+    form of a spec: ``idempotent`` when set, else true for class latency only)."""
+    value = spec.get("idempotent")
+    return bool(value) if value is not None else spec.get("class", "latency") == "latency"

@@ -6,7 +6,10 @@ from typing import Protocol
 
 import httpx
 
+from dilu.failures import describe
 from dilu.messages import InstanceStatus, StartInstance
+
+QUICK_CALL_S = 2.0     # calls a healthy worker answers in milliseconds (lists, slices): a hung one must not hold callers
 
 
 class WorkerUnavailable(Exception):
@@ -70,8 +73,8 @@ class HttpWorkerClient:
     async def _call(self, method: str, path: str, **kwargs) -> httpx.Response:  # noqa: ANN003
         try:
             response = await self._http.request(method, self._base + path, headers=self._headers, **kwargs)
-        except httpx.HTTPError as exc:
-            raise WorkerUnavailable(f"worker at {self._base} unreachable: {exc}") from exc
+        except httpx.HTTPError as exc:   # a timeout's own message is empty: its type says what happened
+            raise WorkerUnavailable(f"worker at {self._base} unreachable: {describe(exc)}") from exc
         if response.status_code >= 400:
             raise WorkerUnavailable(f"worker at {self._base} answered {response.status_code}: {response.text}")
         return response
@@ -88,7 +91,7 @@ class HttpWorkerClient:
         await self._call("DELETE", f"/v1/instances/{instance_id}", timeout=60.0)
 
     async def list_instances(self) -> list[InstanceStatus]:
-        response = await self._call("GET", "/v1/instances")
+        response = await self._call("GET", "/v1/instances", timeout=QUICK_CALL_S)
         return [InstanceStatus.from_dict(item) for item in response.json()]
 
     async def read_logs(self, instance_id: str, tail: int = 200) -> str:
@@ -97,7 +100,7 @@ class HttpWorkerClient:
 
     async def set_slice(self, instance_id: str, sm_request: float, sm_limit: float) -> bool:
         response = await self._call("PUT", f"/v1/instances/{instance_id}/slice",
-                                    json={"sm_request": sm_request, "sm_limit": sm_limit})
+                                    json={"sm_request": sm_request, "sm_limit": sm_limit}, timeout=QUICK_CALL_S)
         return bool(response.json()["applied"])
 
 

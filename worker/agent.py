@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 
+from dilu.failures import FailureLog
 from dilu.loading import stages_from_marks
 
 from dilu.messages import FAILED, READY, STARTING, STOPPED, STOPPING, InstanceStatus, StartInstance, WorkerInfo
@@ -103,6 +104,7 @@ class WorkerAgent:
         self._startup_timeout_s = startup_timeout_s
         self._instances: dict[str, _Instance] = {}
         self._http = httpx.AsyncClient(timeout=2.0)
+        self._publish_failures = FailureLog(log, "publishing instance changes")
         # The runtime pool this device's instances start from (plain, or under the shim).
         self._pool_env = gpu.injected_at_start() if gpu is not None else {}
         backend.prepare_pool(self._pool_env)
@@ -234,23 +236,27 @@ class WorkerAgent:
         return read_log_tail(self.log_path(instance_id), tail)
 
     async def run(self) -> None:
-        """Heartbeats and watches instances until cancelled."""
+        """Heartbeats and watches instances until cancelled. A failing heartbeat is retried at
+        the heartbeat period (not every poll) and logged once, then as a count."""
         last_beat = 0.0
         loop = asyncio.get_running_loop()
+        beats, checks = FailureLog(log, f"heartbeat of {self.info.id}"), FailureLog(log, "checking instances")
         while True:
             if loop.time() - last_beat >= self._heartbeat_s:
+                last_beat = loop.time()
                 try:
                     await self._store.heartbeat(self.info, self._ttl_s)
                     await self._read_progress()
                     await self._store.report_telemetry(self.info.id, self.telemetry(), self._ttl_s)
                     self._backend.maintain()
-                    last_beat = loop.time()
-                except Exception:
-                    log.exception("heartbeat failed")
+                    beats.succeeded()
+                except Exception as exc:  # noqa: BLE001 - retried at the next period
+                    beats.failed(exc)
             try:   # one failed pass must not end the loop: the worker would stop heartbeating for good
                 await self.check_instances()
-            except Exception:
-                log.exception("checking instances failed")
+                checks.succeeded()
+            except Exception as exc:  # noqa: BLE001
+                checks.failed(exc)
             await asyncio.sleep(self._poll_s)
 
     async def check_instances(self) -> None:
@@ -308,8 +314,10 @@ class WorkerAgent:
         try:
             await self._store.publish(Channel.INSTANCES, {
                 "worker": self.info.id, "instance": record.request.instance_id, "state": record.state})
-        except Exception:
-            log.exception("could not publish an instance change")
+        except Exception as exc:  # noqa: BLE001 - the controller's pass sees the change anyway
+            self._publish_failures.failed(exc)
+        else:
+            self._publish_failures.succeeded()
 
     def describe(self) -> dict:
         """The worker as ``/v1/info`` shows it: its identity, its runtime pool and (on a GPU) how

@@ -22,6 +22,7 @@ from dilu.controller.context import ControllerContext
 from dilu.controller.functions import FunctionManager
 from dilu.controller.observe import UNKNOWN_GRACE_S, RowView, fold
 from dilu.db import repo
+from dilu.failures import FailureLog
 from dilu.db.models import FunctionRow, InstanceRow, ProfileRow, utcnow
 from dilu.messages import ACTIVE_STATES, FAILED, READY, STARTING, STOPPING, Endpoint, FunctionActivity, FunctionStatus
 from dilu.messages import InstanceRole, InstanceStatus
@@ -36,6 +37,7 @@ KEEP_ENDED_INSTANCES = 20
 SHUTDOWN_GRACE_S = 5.0
 WORKERS_WRITE_EVERY_S = 1.0
 PRUNE_EVERY_S = 5.0
+LIST_DEADLINE_S = 2.0       # a worker's answer to "your instances?" (a healthy one takes milliseconds)
 
 
 @dataclass
@@ -70,6 +72,8 @@ class Reconciler:
         self._workers_written: tuple | None = None                  # the live workers as last written, and when
         self._workers_written_at = 0.0
         self._pruned_at = 0.0
+        self._pass_failures = FailureLog(log, "the reconcile pass")
+        self._silent: dict[str, FailureLog] = {}                   # per worker: its unanswered instance lists
 
     # ---- the loop ----
     async def run(self) -> None:
@@ -82,8 +86,9 @@ class Reconciler:
                 started = time.perf_counter()
                 try:
                     await self.reconcile_once()
-                except Exception:
-                    log.exception("reconcile pass failed")
+                    self._pass_failures.succeeded()
+                except Exception as exc:  # noqa: BLE001 - the next pass tries again
+                    self._pass_failures.failed(exc)
                 log.debug("reconcile pass took %.1f ms", (time.perf_counter() - started) * 1000)
                 try:
                     await asyncio.wait_for(self.ctx.wake.wait(), wake_in_s(self._activity, time.time(),
@@ -182,15 +187,21 @@ class Reconciler:
             return _Snapshot(repo.list_functions(session=session), repo.list_instances(session=session), profiles)
 
     async def _observe(self, live: Sequence[WorkerInfo]) -> tuple[dict[str, InstanceStatus], set[str]]:
+        """Every live worker's instances, asked in parallel, each within ``LIST_DEADLINE_S``: a
+        worker that does not answer (hung, overloaded) holds up neither the pass nor the others;
+        its instances keep their states until it answers or its heartbeat expires."""
         async def one(info: WorkerInfo) -> tuple[str, list[InstanceStatus] | None]:
             client = self._directory.client_for(info.id, info.url)
             if client is None:
                 return info.id, None
+            failures = self._silent.setdefault(info.id, FailureLog(log, f"listing the instances of {info.id}"))
             try:
-                return info.id, await client.list_instances()
-            except WorkerUnavailable as exc:
-                log.warning("%s", exc)
+                statuses = await asyncio.wait_for(client.list_instances(), LIST_DEADLINE_S)
+            except (WorkerUnavailable, TimeoutError) as exc:
+                failures.failed(exc if str(exc) else TimeoutError(f"no answer within {LIST_DEADLINE_S:g} s"))
                 return info.id, None
+            failures.succeeded()
+            return info.id, statuses
 
         observed: dict[str, InstanceStatus] = {}
         reachable: set[str] = set()

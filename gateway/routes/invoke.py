@@ -17,6 +17,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from dilu.instance_protocol import is_loading
+from dilu.spec import retries_after_failure
 from dilu.limits import LimitExceeded, check_json_depth, load_finite_json
 from dilu.messages import FunctionStatus
 from gateway.docs import AUTH_ERRORS, SECURED, ErrorBody, errors
@@ -171,10 +172,15 @@ async def _invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
                                f"{settings.request_timeout_s:g}s")
         except InstanceFailed as exc:
             routing.drop_endpoint(name, endpoint.instance_id)
-            if function.spec.get("idempotent") and not retried:
+            if retried:
+                return _error(502, f"instance {endpoint.instance_id} failed while serving the request, after "
+                                   f"a retry: {exc}", headers={"x-dilu-retried": "1"})
+            if retries_after_failure(function.spec):
                 retried, tried = True, tried | {endpoint.instance_id}
                 continue
-            return _error(502, f"instance {endpoint.instance_id} failed while serving the request: {exc}")
+            return _error(502, f"instance {endpoint.instance_id} failed while serving the request: {exc}; not "
+                               "retried, since the function may have side effects (idempotent: false, or class "
+                               "batch): the handler may have run")
         finally:
             routing.release(name, endpoint.instance_id)
             services.activity.answered(name)
@@ -182,6 +188,8 @@ async def _invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
             tried = tried | {endpoint.instance_id}
             continue
         headers, queued_s = reply.headers, 0.0
+        if retried:     # the handler may have run twice: the caller is told
+            headers = {**headers, "x-dilu-retried": "1"}
         if queued_at:
             queued_s = queued_at[-1] - queued_at[0]
             headers = {**headers, "x-dilu-queued-ms": f"{queued_s * 1000:.1f}"}
