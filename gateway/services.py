@@ -20,6 +20,7 @@ from dilu.db import repo
 from dilu.default_impl import create_scheduler
 from dilu.messages import READY, Endpoint, FunctionStatus, InstanceRole
 from dilu.state.base import Channel, StateStore, follow
+from dilu.failures import OUTAGES, FailureLog, describe
 from gateway.auth import Authenticator
 from gateway.origin import is_loopback
 from gateway.dashboard.view import LatencyWindow, ShareHistory, sample
@@ -204,8 +205,8 @@ class GatewayServices:
         await asyncio.wait(self._tasks, timeout=5.0) if self._tasks else None
         try:
             await self.flush_activity()
-        except Exception:
-            log.exception("final activity flush failed")
+        except Exception as exc:  # noqa: BLE001 - a store that is down loses the last half-second's counts
+            log.warning("final activity flush failed: %s", describe(exc), exc_info=not isinstance(exc, OUTAGES))
         await self.forwarder.close()
 
     def spawn(self, coroutine) -> asyncio.Task:  # noqa: ANN001
@@ -237,12 +238,14 @@ class GatewayServices:
                 log.exception("handling %s event failed", channel.value)
 
     async def _every(self, period_s: float, action) -> None:  # noqa: ANN001
+        failures = FailureLog(log, f"the gateway's periodic {action.__name__}")
         while True:
             await asyncio.sleep(period_s)
             try:
                 await action()
-            except Exception:
-                log.exception("periodic gateway task failed")
+                failures.succeeded()
+            except Exception as exc:  # noqa: BLE001 - tried again next period
+                failures.failed(exc)
 
     async def _on_routes(self, message: dict[str, Any]) -> None:
         table = await self.current_routes()

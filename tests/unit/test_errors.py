@@ -1,0 +1,38 @@
+"""The gateway's last answer to an unexpected error: JSON, 500 (503 for a store outage), and the
+exception kept from the server, which would close the client's keep-alive connection over it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from sqlalchemy.exc import OperationalError
+
+from gateway.errors import KeepsConnections
+
+
+async def _run(error: Exception) -> list[dict]:
+    async def app(scope, receive, send) -> None:  # noqa: ANN001
+        raise error
+
+    sent: list[dict] = []
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b""}
+
+    await KeepsConnections(app, lambda: None)({"type": "http", "method": "POST", "path": "/x"}, receive, send)
+    return sent
+
+
+@pytest.mark.parametrize(("error", "status", "words"), [
+    (ValueError("boom"), 500, "internal error in the gateway (ValueError)"),
+    (OperationalError("SELECT 1", {}, Exception("connection refused")), 503, "the database cannot answer now"),
+])
+async def test_an_escaping_error_is_answered_not_raised(error: Exception, status: int, words: str) -> None:
+    start, body = await _run(error)
+    assert start["status"] == status and (b"content-type", b"application/json") in start["headers"]
+    assert words in json.loads(body["body"])["error"]
+    assert ((b"retry-after", b"5") in start["headers"]) is (status == 503)
