@@ -56,6 +56,18 @@ def create_backend(settings: WorkerSettings) -> RuntimeBackend:
     raise ValueError(f"unknown runtime {settings.runtime!r}; known: process, docker")
 
 
+def _closed_folders(python: str) -> list[str]:
+    """The folders above the interpreter, its environment and Dilu that others cannot traverse."""
+    import sys
+
+    import dilu
+
+    targets = (os.path.realpath(python), python, sys.prefix, os.path.dirname(os.path.dirname(dilu.__file__)))
+    closed = {str(folder) for target in targets for folder in Path(target).parents
+              if folder.is_dir() and not folder.stat().st_mode & 0o001}
+    return sorted(closed)
+
+
 def _instance_users(settings: WorkerSettings):  # noqa: ANN202 - worker.uids.UidRegistry
     """A root worker's users for instances: one per function, from ``DILU_INSTANCE_UIDS``. A
     worker whose Python those users cannot run refuses to start (instance code never runs as
@@ -69,12 +81,12 @@ def _instance_users(settings: WorkerSettings):  # noqa: ANN202 - worker.uids.Uid
     python = settings.python or sys.executable
     problem = runtime_problem(python, InstanceUser(first, first, f"uid {first}"), Path("/"))
     if problem is not None:
+        closed = _closed_folders(python)
+        fix = f"`chmod o+x {' '.join(closed)}` opens traversal only" if closed else "make it readable by others"
         raise RuntimeError(
             f"instance code never runs as root, and the unprivileged instance users (uids {first}-{last}) cannot "
-            f"start the instance runtime with {python} ({problem}). Make that Python environment ({sys.prefix}) and "
-            "Dilu readable by others (a Python under /root is not: `chmod o+x` on each folder above it opens "
-            "traversal only), point DILU_PYTHON at an interpreter they can run, or run the worker as a "
-            "user other than root")
+            f"start the instance runtime with {python} ({problem}). Let them reach that Python ({fix}), point "
+            "DILU_PYTHON at an interpreter they can run, or run Dilu as a user other than root")
     return UidRegistry(settings.uid_registry or DEFAULT_REGISTRY, (first, last), settings.home)
 
 
