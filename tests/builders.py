@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
+import io
+import tarfile
 from typing import Any
 
 from dilu.messages import DeviceInfo, StartInstance, WorkerInfo
@@ -27,3 +30,30 @@ def make_start(instance_id: str, source_dir: str, handler: str = "handler:Echo",
     spec = make_spec_dict(function, handler, **spec_overrides)
     return StartInstance(instance_id=instance_id, function=function, version=1, spec=spec,
                          source_dir=source_dir, memory_bytes=spec["resources"]["memory"])
+
+
+class _Zeros(io.RawIOBase):
+    """A file of ``size`` zero bytes, read without holding them."""
+
+    def __init__(self, size: int) -> None:
+        self.left = size
+
+    def readinto(self, buffer) -> int:  # noqa: ANN001
+        count = min(len(buffer), self.left)
+        buffer[:count] = bytes(count)
+        self.left -= count
+        return count
+
+    def readable(self) -> bool:
+        return True
+
+
+def compression_bomb(size: int, name: str = "zeros.bin") -> bytes:
+    """A .tar.gz holding one file of ``size`` zero bytes: about a thousandth of that on the wire."""
+    buffer = io.BytesIO()
+    with gzip.GzipFile(fileobj=buffer, mode="wb", compresslevel=9) as zipped, \
+            tarfile.open(fileobj=zipped, mode="w") as archive:
+        info = tarfile.TarInfo(name)
+        info.size = size
+        archive.addfile(info, _Zeros(size))
+    return buffer.getvalue()

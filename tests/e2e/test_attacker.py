@@ -6,7 +6,6 @@ function allows it, and the reply says so."""
 
 from __future__ import annotations
 
-import gzip
 import io
 import shutil
 import tarfile
@@ -21,6 +20,7 @@ import tritonclient.grpc as triton_grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from tests.builders import compression_bomb
 from tests.conftest import FIXTURE_FUNCTIONS, ROOT
 from tests.waiting import eventually
 
@@ -98,32 +98,6 @@ def _member(name: str, kind: bytes, linkname: str = "") -> tarfile.TarInfo:
     return info
 
 
-def _bomb() -> bytes:
-    buffer = io.BytesIO()
-    with gzip.GzipFile(fileobj=buffer, mode="wb", compresslevel=9) as zipped, \
-            tarfile.open(fileobj=zipped, mode="w") as archive:
-        info = tarfile.TarInfo("zeros.bin")
-        info.size = 2 * 2**30
-        archive.addfile(info, _Zeros(info.size))
-    return buffer.getvalue()
-
-
-class _Zeros(io.RawIOBase):
-    """A file of ``size`` zero bytes, read without holding them."""
-
-    def __init__(self, size: int) -> None:
-        self.left = size
-
-    def readinto(self, buffer) -> int:  # noqa: ANN001
-        count = min(len(buffer), self.left)
-        buffer[:count] = bytes(count)
-        self.left -= count
-        return count
-
-    def readable(self) -> bool:
-        return True
-
-
 def test_bad_archives_are_refused_at_upload_naming_the_member(start_platform) -> None:  # noqa: ANN001
     platform = start_platform(env={"DILU_MAX_BUNDLE_BYTES": str(8 * 2**20)})
     handler = {"handler.py": b"class H:\n    pass\n"}
@@ -138,7 +112,7 @@ def test_bad_archives_are_refused_at_upload_naming_the_member(start_platform) ->
         "'hard' is a link": _tar_gz(handler, [_member("hard", tarfile.LNKTYPE, "../../etc/shadow")]),
         "'pipe' is a device, fifo": _tar_gz(handler, [_member("pipe", tarfile.FIFOTYPE)]),
         "'sda' is a device, fifo": _tar_gz(handler, [_member("sda", tarfile.BLKTYPE)]),
-        "over the expansion limit": _bomb(),
+        "over the expansion limit": compression_bomb(2 * 2**30),
         "more than 20000 files": many.getvalue(),
     }
     for message, data in cases.items():

@@ -12,6 +12,7 @@ import pytest
 
 from dilu.bundles import (MAX_MEMBERS, BundleError, check_members, digest_of, has_module, ignored, is_digest, pack,
                           read_member, unpack)
+from tests.builders import compression_bomb
 
 
 def make_function(folder: Path) -> Path:
@@ -137,13 +138,7 @@ def test_unpack_refuses_hostile_archives(tmp_path: Path, member: tarfile.TarInfo
 
 
 def test_a_compression_bomb_is_refused_at_the_header_that_passes_the_limit() -> None:
-    buffer = io.BytesIO()
-    with gzip.GzipFile(fileobj=buffer, mode="wb", compresslevel=9) as zipped, \
-            tarfile.open(fileobj=zipped, mode="w") as archive:
-        info = tarfile.TarInfo("zeros.bin")
-        info.size = 64 * 2**20
-        archive.addfile(info, io.BytesIO(bytes(info.size)))
-    data = buffer.getvalue()
+    data = compression_bomb(64 * 2**20)
     assert len(data) < 2**20      # a small upload that would expand 64 times over
     with pytest.raises(BundleError, match="unpacks past 8.0 MiB .at 'zeros.bin'.: over the expansion limit"):
         check_members(data, 2**20)
