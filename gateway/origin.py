@@ -18,7 +18,7 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 def is_loopback(host: str) -> bool:
     """Whether ``host`` (a name or address, IPv6 with or without brackets) is this machine only."""
     host = host.strip().lower().rstrip(".")
-    if host == "localhost" or host.endswith(".localhost"):
+    if host == "localhost":
         return True
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
@@ -27,11 +27,17 @@ def is_loopback(host: str) -> bool:
 
 
 def _host_name(authority: str) -> str:
-    """The host of ``name``, ``name:port``, ``[v6]`` or ``[v6]:port``."""
+    """The host of ``name``, ``name:port``, ``[v6]`` or ``[v6]:port``; "" when the port is not a
+    number (no browser sends such a header, so nothing is lost by refusing it)."""
     authority = authority.strip()
     if authority.startswith("["):
-        return authority[: authority.find("]") + 1] if "]" in authority else authority
-    return authority.rsplit(":", 1)[0] if authority.count(":") == 1 else authority
+        host, _, rest = authority.partition("]")
+        port = rest[1:] if rest.startswith(":") else None
+        return host + "]" if (not rest or (port is not None and port.isdigit())) else ""
+    if authority.count(":") == 1:
+        host, _, port = authority.partition(":")
+        return host if port.isdigit() else ""
+    return authority
 
 
 def refusal(method: str, headers: dict[str, str]) -> str | None:

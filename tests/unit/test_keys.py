@@ -93,6 +93,10 @@ def test_loopback(host: str, loopback: bool) -> None:
     ("GET", {"host": "[::1]:8080"}, None),
     ("GET", {"host": "evil.example:8080"}, "loopback name"),          # DNS rebinding
     ("GET", {}, "loopback name"),
+    ("GET", {"host": "localhost:8080@evil.example"}, "loopback name"),
+    ("GET", {"host": "evil.localhost:8080"}, "loopback name"),
+    ("GET", {"host": "127.0.0.1.evil.example"}, "loopback name"),
+    ("GET", {"host": "[::1]x"}, "loopback name"),
     ("POST", {"host": "127.0.0.1:8080"}, None),                       # the CLI, curl: no Origin
     ("POST", {"host": "127.0.0.1:8080", "origin": "http://127.0.0.1:8080"}, None),   # the gateway's own page
     ("POST", {"host": "127.0.0.1:8080", "origin": "https://evil.example"}, "another origin"),
