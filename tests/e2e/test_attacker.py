@@ -134,6 +134,10 @@ def test_numbers_outside_the_protocol_are_400_on_every_transport(start_platform,
 
     reply = http.post("/v1/functions/echo/invoke", content=b'{"x": 1e400}', headers={"content-type": "application/json"})
     assert reply.status_code == 400 and "outside the range of a 64-bit float" in reply.json()["error"]
+    done = platform.cli("deploy", str(FIXTURE_FUNCTIONS / "not_finite" / "model.yaml"))
+    assert done.returncode == 0, done.stderr
+    reply = platform.invoke("not-finite", {})       # the handler's NaN: its 500, never invalid JSON
+    assert reply.status_code == 500 and "handler returned a result that is not JSON" in reply.json()["error"]
     workflow = "name: one\nnodes:\n  - {name: only, function: echo}\n"
     assert http.post("/v1/workflows", json={"yaml": workflow}).status_code in (200, 201)
     reply = http.post("/v1/workflows/one/invoke", content=b'{"x": [1, -1e999]}')

@@ -99,3 +99,15 @@ def test_advertised_address(host: str, advertise: str | None, expected: str) -> 
 
 def test_a_wildcard_listen_address_is_never_advertised() -> None:
     assert WorkerSettings(host="0.0.0.0").effective_advertise_host not in ("0.0.0.0", "", "127.0.0.1")
+
+
+def test_each_function_gets_its_own_uid_in_containers(tmp_path) -> None:  # noqa: ANN001
+    from worker.uids import UidRegistry
+
+    users = UidRegistry(tmp_path / "uids.json", (400000, 400009), tmp_path)
+    docker = DockerBackend(client=None, cpu_image="dilu/runtime-cpu", gpu_image="dilu/runtime-cuda",
+                           user="auto", host="0.0.0.0", advertise_host="node-7", cores=8, users=users)
+    first = docker.run_arguments(make_start("a-1", "/b/abc", function="a"), CPU, 40001, {})["user"]
+    again = docker.run_arguments(make_start("a-2", "/b/abc", function="a"), CPU, 40002, {})["user"]
+    other = docker.run_arguments(make_start("b-1", "/b/abc", function="b"), CPU, 40003, {})["user"]
+    assert first == again != other and first.startswith("4000") and first.split(":")[0] == first.split(":")[1]

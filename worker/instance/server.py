@@ -66,8 +66,8 @@ def create_app(state: RuntimeState, lifespan=None, prefix: str = "") -> Starlett
             result = await state.batcher.submit(payload)
         except BatchError as exc:
             return _error(exc.status, f"invalid input: {exc}" if exc.status < 500 else f"handler error: {exc}")
-        try:
-            content = json.dumps(result.output)
+        try:   # NaN and infinities are not JSON: a client's parser would refuse the answer
+            content = json.dumps(result.output, allow_nan=False)
         except (TypeError, ValueError) as exc:
             return _error(500, f"handler returned a result that is not JSON-serialisable: {exc}")
         elapsed = time.perf_counter() - started
