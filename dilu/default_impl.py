@@ -75,7 +75,8 @@ def _instance_users(settings: WorkerSettings):  # noqa: ANN202 - worker.uids.Uid
     import sys
 
     from worker.sandbox import runtime_problem
-    from worker.uids import DEFAULT_REGISTRY, InstanceUser, UidRegistry, parse_range
+    from dilu.config import parse_range
+    from worker.uids import DEFAULT_REGISTRY, InstanceUser, UidRegistry
 
     first, last = parse_range(settings.instance_uids)
     python = settings.python or sys.executable

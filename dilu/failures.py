@@ -12,18 +12,15 @@ import logging
 import time
 from collections.abc import Callable
 
-OUTAGES = (OSError, TimeoutError, ConnectionError)
-try:   # the state store's client: its outages are expected, not bugs
-    from redis.exceptions import ConnectionError as _RedisDown
-    from redis.exceptions import TimeoutError as _RedisSlow
-    OUTAGES += (_RedisDown, _RedisSlow)
-except ImportError:  # pragma: no cover - redis is a dependency
-    pass
-try:
-    from sqlalchemy.exc import InterfaceError, OperationalError
-    OUTAGES += (OperationalError, InterfaceError)
-except ImportError:  # pragma: no cover - sqlalchemy is a dependency
-    pass
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeout
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+DATABASE_DOWN = (OperationalError, InterfaceError, PoolTimeout)
+STATE_STORE_DOWN = (RedisConnectionError, RedisTimeout)
+# Expected while a store or a peer is away, not bugs: logged without a traceback.
+OUTAGES = (OSError, TimeoutError, *DATABASE_DOWN, *STATE_STORE_DOWN)
 
 
 def describe(exc: BaseException) -> str:
@@ -41,10 +38,6 @@ class FailureLog:
         self._count = 0
         self._since = 0.0
         self._said_at = 0.0
-
-    @property
-    def failing(self) -> bool:
-        return self._count > 0
 
     def failed(self, exc: BaseException) -> None:
         now = self._clock()

@@ -10,15 +10,10 @@ from fastapi import FastAPI, Request
 from fastapi.routing import APIRoute
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import InterfaceError, OperationalError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-try:   # the state store's client; its outage is answered like the database's
-    from redis.exceptions import ConnectionError as RedisConnectionError
-    from redis.exceptions import TimeoutError as RedisTimeout
-except ImportError:  # pragma: no cover - redis is a dependency
-    RedisConnectionError = RedisTimeout = OSError
+from dilu.failures import DATABASE_DOWN, STATE_STORE_DOWN
+
 RETRY_AFTER_S = "5"
 
 
@@ -27,9 +22,9 @@ log = logging.getLogger(__name__)
 
 def outage(exc: BaseException) -> str | None:
     """The message for an exception that means a store is down (None for any other)."""
-    if isinstance(exc, OperationalError | InterfaceError | PoolTimeout):
+    if isinstance(exc, DATABASE_DOWN):
         return "the database cannot answer now (is it up and reachable?); retry later"
-    if isinstance(exc, RedisConnectionError | RedisTimeout):
+    if isinstance(exc, STATE_STORE_DOWN):
         return "the state store (Redis) cannot answer now; retry later"
     return None
 
@@ -49,13 +44,11 @@ def install_error_handlers(app: FastAPI) -> None:
             headers["allow"] = ", ".join(allowed)
         return error_response(exc.status_code, str(exc.detail), headers or None)
 
-    @app.exception_handler(OperationalError)
-    @app.exception_handler(InterfaceError)
-    @app.exception_handler(PoolTimeout)
-    @app.exception_handler(RedisConnectionError)
-    @app.exception_handler(RedisTimeout)
     async def store_down(_: Request, exc: Exception) -> JSONResponse:
         return error_response(503, outage(exc) or "a store cannot answer now", {"retry-after": RETRY_AFTER_S})
+
+    for kind in (*DATABASE_DOWN, *STATE_STORE_DOWN):
+        app.add_exception_handler(kind, store_down)
 
     @app.exception_handler(Exception)
     async def unexpected(_: Request, exc: Exception) -> JSONResponse:
@@ -121,10 +114,10 @@ class KeepsConnections:
         try:
             await self.app(scope, receive, tracking)
         except Exception as exc:  # noqa: BLE001 - the last line of defence for one request
-            if outage(exc) is None:
+            down = outage(exc)
+            if down is None:
                 log.exception("unexpected error on %s %s", scope.get("method"), scope.get("path"))
             if not started:
-                down = outage(exc)
                 message = down or f"internal error in the gateway ({type(exc).__name__}); it is logged"
                 body = json.dumps({"error": message}).encode()
                 headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import pwd
 import signal
 import shutil
 import stat
@@ -42,24 +41,6 @@ def set_dumpable() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 1)
     except (OSError, AttributeError):
         pass
-
-
-def resolve_user(value: str) -> InstanceUser:
-    """A user name or ``uid:gid``; ValueError for root or an unknown name."""
-    if ":" in value:
-        uid_text, _, gid_text = value.partition(":")
-        if not (uid_text.isdigit() and gid_text.isdigit()):
-            raise ValueError(f"instance user {value!r}: use a user name or uid:gid")
-        user = InstanceUser(int(uid_text), int(gid_text), value)
-    else:
-        try:
-            entry = pwd.getpwnam(value)
-        except KeyError:
-            raise ValueError(f"instance user {value!r} does not exist on this host") from None
-        user = InstanceUser(entry.pw_uid, entry.pw_gid, value)
-    if user.uid == 0 or user.gid == 0:
-        raise ValueError(f"instance user {value!r} is root: instance code never runs as root")
-    return user
 
 
 def become(uid: int, gid: int) -> None:

@@ -17,8 +17,6 @@ import pwd
 from dataclasses import dataclass
 from pathlib import Path
 
-from dilu.config import parse_range  # noqa: F401 - where worker code finds it
-
 DEFAULT_REGISTRY = Path("/var/lib/dilu/instance-uids.json")
 
 

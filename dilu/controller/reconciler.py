@@ -29,7 +29,7 @@ from dilu.messages import InstanceRole, InstanceStatus
 from dilu.messages import WorkerInfo
 from dilu.policy.scheduler import Scheduler
 from dilu.state.base import Channel, StateStore, follow
-from dilu.worker_client import WorkerDirectory, WorkerUnavailable
+from dilu.worker_client import QUICK_CALL_S, WorkerDirectory, WorkerUnavailable
 
 log = logging.getLogger(__name__)
 MAX_START_FAILURES = 3
@@ -37,7 +37,6 @@ KEEP_ENDED_INSTANCES = 20
 SHUTDOWN_GRACE_S = 5.0
 WORKERS_WRITE_EVERY_S = 1.0
 PRUNE_EVERY_S = 5.0
-LIST_DEADLINE_S = 2.0       # a worker's answer to "your instances?" (a healthy one takes milliseconds)
 
 
 @dataclass
@@ -187,7 +186,7 @@ class Reconciler:
             return _Snapshot(repo.list_functions(session=session), repo.list_instances(session=session), profiles)
 
     async def _observe(self, live: Sequence[WorkerInfo]) -> tuple[dict[str, InstanceStatus], set[str]]:
-        """Every live worker's instances, asked in parallel, each within ``LIST_DEADLINE_S``: a
+        """Every live worker's instances, asked in parallel, each within ``QUICK_CALL_S``: a
         worker that does not answer (hung, overloaded) holds up neither the pass nor the others;
         its instances keep their states until it answers or its heartbeat expires."""
         async def one(info: WorkerInfo) -> tuple[str, list[InstanceStatus] | None]:
@@ -196,9 +195,9 @@ class Reconciler:
                 return info.id, None
             failures = self._silent.setdefault(info.id, FailureLog(log, f"listing the instances of {info.id}"))
             try:
-                statuses = await asyncio.wait_for(client.list_instances(), LIST_DEADLINE_S)
+                statuses = await asyncio.wait_for(client.list_instances(), QUICK_CALL_S)   # in-process ones too
             except (WorkerUnavailable, TimeoutError) as exc:
-                failures.failed(exc if str(exc) else TimeoutError(f"no answer within {LIST_DEADLINE_S:g} s"))
+                failures.failed(exc)
                 return info.id, None
             failures.succeeded()
             return info.id, statuses

@@ -4,7 +4,7 @@ and a Redis outage is logged once with a count, not as a traceback per attempt."
 
 from __future__ import annotations
 
-import os
+import re
 import shutil
 import signal
 import socket
@@ -119,7 +119,6 @@ def test_a_hung_worker_is_judged_lost_and_holds_up_no_one(start_platform, tmp_pa
         eventually(lambda: any(w["id"].startswith("far") for w in platform.http.get("/v1/status").json()["workers"]),
                    timeout=30, what="the second worker to register")
         worker.process.send_signal(signal.SIGSTOP)       # hung: its sockets accept, nothing answers
-        stopped_at = time.monotonic()
 
         def far_lost() -> bool:
             far = [w for w in platform.http.get("/v1/status").json()["workers"] if w["id"].startswith("far")]
@@ -132,9 +131,10 @@ def test_a_hung_worker_is_judged_lost_and_holds_up_no_one(start_platform, tmp_pa
         deployed = platform.cli("deploy", str(source / "model.yaml"))
         assert deployed.returncode == 0, deployed.stderr
         assert platform.invoke("ok", {"n": 1}).status_code == 200
-        assert time.monotonic() - stopped_at < 60
-        log = platform.role.log()
-        assert "far" in log and "unreachable: \n" not in log and "unreachable: " + os.linesep not in log
+        # Its silence was said once, with a reason (a timeout's type when its message is empty).
+        silent = [line for line in platform.role.log().splitlines()
+                  if re.search(r"listing the instances of far\S* failed: \S", line)]
+        assert len(silent) == 1, platform.role.log()[-3000:]
     finally:
         worker.process.send_signal(signal.SIGCONT)
         worker.stop()

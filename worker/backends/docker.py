@@ -131,7 +131,8 @@ class DockerBackend:
                                f"/var/run/docker.sock): {exc}") from None
         users = None
         if settings.docker_user == "auto":   # one uid per function, recorded like the process runtime's
-            from worker.uids import DEFAULT_REGISTRY, UidRegistry, parse_range
+            from dilu.config import parse_range
+            from worker.uids import DEFAULT_REGISTRY, UidRegistry
 
             registry = settings.uid_registry or (DEFAULT_REGISTRY if os.geteuid() == 0
                                                  else settings.home / "instance-uids.json")
