@@ -8,7 +8,10 @@ with which instances launched work in the period that ended; time is passed in.
   ``klc_min_periods`` count; the shortest in the last ``klc_history`` is the uncontended
   baseline, and stretch = cycle / baseline.
 - Batch instances share what recently active latency work's requests leave, by request, capped
-  at their limits, times the batch factor.
+  at their limits, times the batch factor. With ``isolated`` (the shim holds batch work while
+  latency work is served: ``dilu.policy.isolation``) latency requests are not set aside: batch
+  instances share the whole device by request up to their limits, times the batch factor, and
+  get in fact what latency work leaves.
 - Latency instances get their limit when nothing else is active on the GPU; under contention
   their request plus whatever batch work leaves unused (up to the limit), so cutting batch work
   speeds latency work up. A stretch >= ``emergency_stretch`` (``llm_emergency_stretch``
@@ -38,6 +41,7 @@ class VerticalParams:
     recovery_every_cycles: int = 5
     latency_idle_s: float = 0.6
     contention_window_s: float = 0.05
+    isolated: bool = True
 
 
 @dataclass(frozen=True)
@@ -147,7 +151,7 @@ def allocate(ctx: VerticalContext, state: VerticalState) -> tuple[dict[str, floa
         for item in batch:
             shares[item.instance_id] = item.limit * scale
     else:
-        pool = max(0.0, 1.0 - sum(s.request for s in latency_recent))
+        pool = 1.0 if params.isolated else max(0.0, 1.0 - sum(s.request for s in latency_recent))
         weights = {s.instance_id: max(s.request, params.batch_floor) for s in batch}
         total_weight = sum(weights.values()) or 1.0
         for item in batch:

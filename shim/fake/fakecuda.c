@@ -3,11 +3,11 @@
  *
  * It exports the driver entry points Dilu's shim and tests use (including cuGetProcAddress and
  * cuGetProcAddress_v2 with the real version and per-thread-stream semantics) and models a
- * device clock: a kernel occupies the device for (blocks x DILU_FAKE_NS_PER_BLOCK) ns, kernels
- * run one after another in launch order (streams serialise), synchronisation sleeps until the
- * work is done, and a process may queue at most DILU_FAKE_QUEUE_NS of work ahead (a real GPU's
- * launch queue is bounded too). Processes share one device when DILU_FAKE_CLOCK names the same
- * file, so tests can measure the device time each process actually gets.
+ * device: a kernel occupies it for (blocks x DILU_FAKE_NS_PER_BLOCK) ns, a process's kernels run
+ * in launch order, synchronisation and events wait until the work before them is done, and the
+ * processes of one simulated GPU (the same DILU_FAKE_CLOCK file) share it, one queue for all or
+ * time-sliced by process as a GPU without MPS does (fakedevice.c), so tests can measure the
+ * device time each process gets and how long one waits behind another.
  *
  * Like some real drivers, it resolves its own entry points with dlsym internally, which is
  * what trips naive dlsym interposers.
@@ -16,19 +16,13 @@
 #define __CUDA_API_VERSION_INTERNAL 1
 #include <cuda.h>
 #include <dlfcn.h>
-#include <errno.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <time.h>
-#include <signal.h>
-#include <unistd.h>
 
-#include "fakeclock.h"
+#include "fakedevice.h"
 
 #define API __attribute__((visibility("default")))
 #define MAX_STREAMS 128
@@ -55,10 +49,7 @@ static struct {
     int initialised;
     int devices;
     int64_t ns_per_block;
-    int64_t queue_ns;
     int64_t memory_total;
-    struct device_clock *clock;
-    struct device_clock local_clock;
 } fake;
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
@@ -73,7 +64,7 @@ API volatile int64_t dilu_fake_ptsz_calls;   /* launches that arrived through a 
 
 static struct {
     CUstream stream;
-    int64_t tail_ns;
+    int64_t tail;             /* the device model's mark of its last kernel */
     int capturing;
     int origin;               /* the stream whose capture this one takes part in (itself, or one it joined) */
     cuuint64_t capture_id;
@@ -82,74 +73,32 @@ static struct {
 static cuuint64_t next_capture_id = 1;
 
 /* An event remembers the capture it was recorded in, so a stream that waits on it joins that
- * capture (how multi-stream capture forks work). */
+ * capture (how multi-stream capture forks work), and the work it follows. */
 struct fake_event {
     int capture_origin;   /* -1: recorded outside any capture */
+    int64_t mark;         /* done when the device has done its stream's work up to here */
 };
-static int64_t process_tail_ns;
-
-static int64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-static void sleep_until(int64_t deadline) {
-    struct timespec ts = {.tv_sec = deadline / 1000000000LL, .tv_nsec = deadline % 1000000000LL};
-    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
-    }
-}
-
-/* This process's entry in the clock's table (claimed on first use, again after a fork): a dead
- * process's entry is taken over. NULL when the table is full. */
-static struct fake_process_time *own_time(void) {
-    static struct fake_process_time *entry;
-    static pid_t owner;
-    pid_t pid = getpid();
-    if (entry != NULL && owner == pid) {
-        return entry;
-    }
-    entry = NULL;
-    for (int pass = 0; pass < 2 && entry == NULL; pass++) {
-        for (int i = 0; i < FAKE_CLOCK_PROCS && entry == NULL; i++) {
-            struct fake_process_time *slot = &fake.clock->processes[i];
-            int32_t seen = __atomic_load_n(&slot->pid, __ATOMIC_ACQUIRE);
-            int usable = pass == 0 ? seen == 0 : (seen != 0 && kill(seen, 0) != 0 && errno == ESRCH);
-            if (usable && __atomic_compare_exchange_n(&slot->pid, &seen, (int32_t)pid, 0, __ATOMIC_ACQ_REL,
-                                                      __ATOMIC_ACQUIRE)) {
-                __atomic_store_n(&slot->busy_ns, 0, __ATOMIC_RELEASE);
-                entry = slot;
-            }
-        }
-    }
-    owner = pid;
-    return entry;
-}
+static int64_t process_tail;
 
 static int64_t env_int(const char *name, int64_t fallback) {
     const char *value = getenv(name);
     return value != NULL && *value ? strtoll(value, NULL, 10) : fallback;
 }
 
+/* A forked child is a new context: the parent's marks mean nothing on it. */
+static void forget_marks_in_child(void) {
+    for (int i = 0; i < MAX_STREAMS; i++) {
+        streams[i].tail = 0;
+    }
+    process_tail = 0;
+}
+
 static void init_once(void) {
     fake.devices = (int)env_int("DILU_FAKE_DEVICES", 1);
     fake.ns_per_block = env_int("DILU_FAKE_NS_PER_BLOCK", 1000);
-    fake.queue_ns = env_int("DILU_FAKE_QUEUE_NS", 20000000);
     fake.memory_total = env_int("DILU_FAKE_MEMORY", 16LL << 30);
-    fake.clock = &fake.local_clock;
-    const char *path = getenv("DILU_FAKE_CLOCK");
-    if (path != NULL && *path) {
-        int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-        if (fd >= 0 && ftruncate(fd, sizeof(struct device_clock)) == 0) {
-            void *shared = mmap(NULL, sizeof(struct device_clock), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-            if (shared != MAP_FAILED) {
-                fake.clock = shared;
-            }
-        }
-        if (fd >= 0) {
-            close(fd);
-        }
-    }
+    device_open();
+    pthread_atfork(NULL, NULL, forget_marks_in_child);
 }
 
 static void ensure_init(void) {
@@ -174,7 +123,7 @@ static int stream_index(CUstream stream, int create) {
     return 0;
 }
 
-/* Puts `blocks` of work on the device behind everything already queued. */
+/* Puts `blocks` of work on the device behind this process's earlier work. */
 static CUresult run_kernel(CUstream stream, int64_t blocks) {
     ensure_init();
     __atomic_fetch_add(&dilu_fake_launch_count, 1, __ATOMIC_RELAXED);
@@ -190,28 +139,12 @@ static CUresult run_kernel(CUstream stream, int64_t blocks) {
     if (duration <= 0) {
         return CUDA_SUCCESS;
     }
-    int64_t now = now_ns();
-    int64_t busy, end;
-    do {
-        busy = __atomic_load_n(&fake.clock->busy_until_ns, __ATOMIC_ACQUIRE);
-        end = (busy > now ? busy : now) + duration;
-    } while (!__atomic_compare_exchange_n(&fake.clock->busy_until_ns, &busy, end, 0, __ATOMIC_ACQ_REL,
-                                          __ATOMIC_ACQUIRE));
-    __atomic_fetch_add(&fake.clock->busy_total_ns, duration, __ATOMIC_RELAXED);
-    struct fake_process_time *mine = own_time();
-    if (mine != NULL) {
-        __atomic_fetch_add(&mine->busy_ns, duration, __ATOMIC_RELAXED);
-    }
     __atomic_fetch_add(&dilu_fake_device_ns, duration, __ATOMIC_RELAXED);
+    int64_t mark = device_submit(duration);
     pthread_mutex_lock(&lock);
-    streams[index].tail_ns = end;
-    if (end > process_tail_ns) {
-        process_tail_ns = end;
-    }
+    if (mark > streams[index].tail) streams[index].tail = mark;
+    if (mark > process_tail) process_tail = mark;
     pthread_mutex_unlock(&lock);
-    if (end - now > fake.queue_ns) {
-        sleep_until(end - fake.queue_ns); /* the launch queue is full: wait for room */
-    }
     return CUDA_SUCCESS;
 }
 
@@ -280,10 +213,11 @@ API CUresult cuCtxGetDevice(CUdevice *device) {
     return CUDA_SUCCESS;
 }
 API CUresult cuCtxSynchronize(void) {
+    ensure_init();
     pthread_mutex_lock(&lock);
-    int64_t tail = process_tail_ns;
+    int64_t tail = process_tail;
     pthread_mutex_unlock(&lock);
-    sleep_until(tail);
+    device_wait(tail);
     return CUDA_SUCCESS;
 }
 
@@ -319,11 +253,12 @@ API CUresult cuStreamDestroy_v2(CUstream stream) {
     return CUDA_SUCCESS;
 }
 static CUresult stream_sync(CUstream stream) {
+    ensure_init();
     pthread_mutex_lock(&lock);
     int index = stream_index(stream, 0);
-    int64_t tail = index >= 0 ? streams[index].tail_ns : process_tail_ns;
+    int64_t tail = index >= 0 ? streams[index].tail : process_tail;
     pthread_mutex_unlock(&lock);
-    sleep_until(tail);
+    device_wait(tail);
     return CUDA_SUCCESS;
 }
 API CUresult cuStreamSynchronize(CUstream stream) { return stream_sync(stream); }
@@ -469,6 +404,7 @@ API CUresult cuEventCreate(CUevent *event, unsigned int flags) {
     if (event == NULL) return CUDA_ERROR_INVALID_VALUE;
     struct fake_event *created = malloc(sizeof(*created));
     created->capture_origin = -1;
+    created->mark = 0;
     *event = (CUevent)created;
     return CUDA_SUCCESS;
 }
@@ -477,12 +413,27 @@ static CUresult event_record(CUevent event, CUstream stream) {
     if (event == NULL) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
     int index = stream_index(stream, 1);
-    ((struct fake_event *)event)->capture_origin = streams[index].capturing ? streams[index].origin : -1;
+    struct fake_event *recorded = (struct fake_event *)event;
+    recorded->capture_origin = streams[index].capturing ? streams[index].origin : -1;
+    if (!streams[index].capturing) {
+        recorded->mark = stream == NULL ? process_tail : streams[index].tail;  /* the legacy stream waits for all */
+    }
     pthread_mutex_unlock(&lock);
     return CUDA_SUCCESS;
 }
 API CUresult cuEventRecord(CUevent event, CUstream stream) { return event_record(event, stream); }
 API CUresult cuEventRecord_ptsz(CUevent event, CUstream stream) { return event_record(event, stream); }
+API CUresult cuEventQuery(CUevent event) {
+    if (event == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    ensure_init();
+    return device_reached(((struct fake_event *)event)->mark) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+API CUresult cuEventSynchronize(CUevent event) {
+    if (event == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    ensure_init();
+    device_wait(((struct fake_event *)event)->mark);
+    return CUDA_SUCCESS;
+}
 static CUresult wait_event(CUstream stream, CUevent event) {
     if (event == NULL) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
@@ -722,6 +673,8 @@ static const struct entry entries[] = {
     {"cuEventCreate", 2000, "cuEventCreate", NULL},
     {"cuEventDestroy", 4000, "cuEventDestroy_v2", NULL},
     {"cuEventRecord", 2000, "cuEventRecord", "cuEventRecord_ptsz"},
+    {"cuEventQuery", 2000, "cuEventQuery", NULL},
+    {"cuEventSynchronize", 2000, "cuEventSynchronize", NULL},
     {"cuStreamWaitEvent", 3020, "cuStreamWaitEvent", "cuStreamWaitEvent_ptsz"},
     {"cuStreamGetCaptureInfo", 10010, "cuStreamGetCaptureInfo", "cuStreamGetCaptureInfo_ptsz"},
     {"cuLaunchKernel", 4000, "cuLaunchKernel", "cuLaunchKernel_ptsz"},

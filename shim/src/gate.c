@@ -24,8 +24,10 @@
 #include <unistd.h>
 
 #include "../include/dilu_shm.h"
+#include "clock.h"
 #include "config.h"
 #include "log.h"
+#include "release.h"
 
 enum gate_state { GATE_UNREGISTERED = 0, GATE_ACTIVE = 1, GATE_OPEN = 2, GATE_OFF = 3 };
 
@@ -50,9 +52,7 @@ static void next_epoch(void) {
 }
 
 static int64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts); /* vDSO: no system call */
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+    return shim_now_ns();
 }
 
 static void forget_registration(void) {
@@ -89,6 +89,7 @@ void gate_init(void) {
     /* Unregistered until the first launch or allocation: only then is the configuration read
      * (config.c says why), and registration turns the gate off if there is no manager to use. */
     pthread_atfork(NULL, NULL, after_fork_in_child);
+    release_init();
 }
 
 static int receive_fd(int sock, char *text, size_t size, int *fd) {
@@ -234,13 +235,20 @@ static void wait_for_tokens(struct dilu_slot *slot, int64_t position) {
     }
 }
 
+/* A latency instance serving a request never waits for tokens: its share bounds what it may
+ * take (the manager forgives its debt), not when its work may start. */
+static int serving_latency(const struct dilu_slot *slot) {
+    return (__atomic_load_n(&slot->flags, __ATOMIC_RELAXED) & DILU_SLOT_LATENCY) &&
+           __atomic_load_n(&slot->inflight, __ATOMIC_RELAXED) > 0;
+}
+
 void gate_charge(int64_t cost) {
     int state = __atomic_load_n(&gate.state, __ATOMIC_ACQUIRE);
     if (state == GATE_ACTIVE) {
         struct dilu_slot *slot = gate.slot;
         int64_t position = __atomic_add_fetch(&slot->consumed, cost, __ATOMIC_ACQ_REL);
         __atomic_fetch_add(&slot->launches, 1, __ATOMIC_RELAXED);
-        if (position > __atomic_load_n(&slot->granted, __ATOMIC_ACQUIRE)) {
+        if (position > __atomic_load_n(&slot->granted, __ATOMIC_ACQUIRE) && !serving_latency(slot)) {
             wait_for_tokens(slot, position); /* the slow path: only now is the clock read */
         }
         return;
@@ -258,6 +266,37 @@ void gate_charge(int64_t cost) {
     /* GATE_OPEN: look at the clock only every 256 launches, then retry registration. */
     if ((++gate.launches_open & 255u) == 0 && now_ns() >= gate.next_retry_ns) {
         ensure_registered(GATE_OPEN);
+    }
+}
+
+struct dilu_slot *gate_slot(struct dilu_shm_header **header) {
+    if (__atomic_load_n(&gate.state, __ATOMIC_ACQUIRE) != GATE_ACTIVE) {
+        return NULL;
+    }
+    *header = gate.header;
+    return gate.slot;
+}
+
+int gate_manager_gone(int64_t now) {
+    if (now - __atomic_load_n(&gate.header->heartbeat_ns, __ATOMIC_ACQUIRE) <= shim_cfg.stale_ns) {
+        return 0;
+    }
+    open_gate("token manager stopped answering");
+    return 1;
+}
+
+void gate_request(int delta) {
+    if (__atomic_load_n(&gate.state, __ATOMIC_ACQUIRE) == GATE_UNREGISTERED) {
+        ensure_registered(GATE_UNREGISTERED);   /* a request may come before the first launch */
+    }
+    if (__atomic_load_n(&gate.state, __ATOMIC_ACQUIRE) != GATE_ACTIVE) {
+        return;
+    }
+    int32_t now_serving = __atomic_add_fetch(&gate.slot->inflight, delta, __ATOMIC_ACQ_REL);
+    if (delta < 0 && now_serving <= 0) {
+        /* The last request ended: held background launches may go on at once. */
+        __atomic_fetch_add(&gate.header->release_gen, 1, __ATOMIC_ACQ_REL);
+        syscall(SYS_futex, &gate.header->release_gen, FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0);
     }
 }
 

@@ -7,9 +7,24 @@
 /* Installs the fork handler; no I/O (registration happens at the first launch). */
 void gate_init(void);
 
-/* Charges `cost` tokens, waiting until the manager grants them. Fails open (and says so once)
- * when there is no manager or it has gone stale. Never holds a lock while it waits. */
+/* Charges `cost` tokens, waiting until the manager grants them (a latency instance serving a
+ * request never waits). Fails open (and says so once) when there is no manager or it has gone
+ * stale. Never holds a lock while it waits. */
 void gate_charge(int64_t cost);
+
+struct dilu_shm_header;
+struct dilu_slot;
+
+/* The instance's slot and the region (through `header`) while registered and gating; else NULL. */
+struct dilu_slot *gate_slot(struct dilu_shm_header **header);
+
+/* Whether the manager's heartbeat is older than the staleness limit at `now`; if so the gate
+ * latches open (as a token wait does) and every launch runs unheld. */
+int gate_manager_gone(int64_t now);
+
+/* The instance's server starts (+1) or ends (-1) serving a request. Registers first if needed;
+ * the end of the last one wakes background launches held for it. */
+void gate_request(int delta);
 
 /* Reservations of device memory in the instance's shared counter (all its processes together).
  * gate_memory_reserve returns GATE_MEMORY_REFUSED when `size` would take the instance past

@@ -3,12 +3,15 @@
  * A launch costs its grid size in blocks (the fake driver's device time is proportional to it;
  * on a GPU it is a proxy that the manager's budgets are calibrated against). Launches that a
  * stream capture records are not charged; a graph replay is charged what its capture recorded.
+ * A charged launch first waits for its tokens, then for its release (release.c: a batch
+ * instance's work stays out of a latency request's way), and is tracked once the driver took it.
  */
 #include <stdint.h>
 
 #include "capture.h"
 #include "gate.h"
 #include "hooks.h"
+#include "release.h"
 
 #define API __attribute__((visibility("default")))
 
@@ -24,10 +27,26 @@ static inline int64_t grid_cost(unsigned x, unsigned y, unsigned z) {
     return blocks > 0 ? blocks : 1;
 }
 
-static inline void admit(CUstream stream, int64_t cost) {
-    if (!capture_absorbs(stream, cost)) {
-        gate_charge(cost);
+/* Returns whether the launch was charged (a captured one is not: it does not run now). */
+static inline int admit(CUstream stream, int64_t cost) {
+    if (capture_absorbs(stream, cost)) {
+        return 0;
     }
+    gate_charge(cost);
+    release_before(cost);
+    return 1;
+}
+
+static inline int per_thread_stream(enum hook_id id) {
+    return id == H_LAUNCH_KERNEL_PTSZ || id == H_LAUNCH_KERNEL_EX_PTSZ || id == H_LAUNCH_COOPERATIVE_PTSZ ||
+           id == H_GRAPH_LAUNCH_PTSZ;
+}
+
+static inline CUresult launched(CUresult result, int charged, CUstream stream, enum hook_id id, int64_t cost) {
+    if (charged && result == CUDA_SUCCESS) {
+        release_after(stream, per_thread_stream(id), cost);
+    }
+    return result;
 }
 
 static CUresult launch(enum hook_id id, CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
@@ -36,8 +55,9 @@ static CUresult launch(enum hook_id id, CUfunction f, unsigned gx, unsigned gy, 
     if (real == NULL) {
         return CUDA_ERROR_NOT_SUPPORTED;
     }
-    admit(stream, grid_cost(gx, gy, gz));
-    return real(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
+    int64_t cost = grid_cost(gx, gy, gz);
+    int charged = admit(stream, cost);
+    return launched(real(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra), charged, stream, id, cost);
 }
 
 API CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
@@ -57,10 +77,12 @@ static CUresult launch_ex(enum hook_id id, const CUlaunchConfig *config, CUfunct
     if (real == NULL) {
         return CUDA_ERROR_NOT_SUPPORTED;
     }
-    if (config != NULL) {
-        admit(config->hStream, grid_cost(config->gridDimX, config->gridDimY, config->gridDimZ));
+    if (config == NULL) {
+        return real(config, f, params, extra);
     }
-    return real(config, f, params, extra);
+    int64_t cost = grid_cost(config->gridDimX, config->gridDimY, config->gridDimZ);
+    int charged = admit(config->hStream, cost);
+    return launched(real(config, f, params, extra), charged, config->hStream, id, cost);
 }
 
 API CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params, void **extra) {
@@ -77,8 +99,9 @@ static CUresult cooperative(enum hook_id id, CUfunction f, unsigned gx, unsigned
     if (real == NULL) {
         return CUDA_ERROR_NOT_SUPPORTED;
     }
-    admit(stream, grid_cost(gx, gy, gz));
-    return real(f, gx, gy, gz, bx, by, bz, shared, stream, params);
+    int64_t cost = grid_cost(gx, gy, gz);
+    int charged = admit(stream, cost);
+    return launched(real(f, gx, gy, gz, bx, by, bz, shared, stream, params), charged, stream, id, cost);
 }
 
 API CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
@@ -98,8 +121,9 @@ static CUresult graph_launch(enum hook_id id, CUgraphExec exec, CUstream stream)
     if (real == NULL) {
         return CUDA_ERROR_NOT_SUPPORTED;
     }
-    admit(stream, graph_exec_cost(exec));
-    return real(exec, stream);
+    int64_t cost = graph_exec_cost(exec);
+    int charged = admit(stream, cost);
+    return launched(real(exec, stream), charged, stream, id, cost);
 }
 
 API CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream) {

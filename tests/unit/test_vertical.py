@@ -8,7 +8,8 @@ import pytest
 
 from dilu.policy.vertical import InstanceSlice, VerticalContext, VerticalParams, VerticalState, allocate
 
-P = VerticalParams()
+P = VerticalParams(isolated=False)     # token-rate control alone: latency requests are set aside
+ISOLATED = VerticalParams()             # the default: the shim holds batch work while latency serves
 LAT = InstanceSlice("lat", "latency", request=0.4, limit=0.8)
 LLM = InstanceSlice("llm", "latency", request=0.4, limit=0.8, llm=True)
 BATCH = InstanceSlice("batch", "batch", request=0.3, limit=0.9)
@@ -17,8 +18,9 @@ BATCH = InstanceSlice("batch", "batch", request=0.3, limit=0.9)
 class Clock:
     """Runs the allocator period by period, like the token manager does."""
 
-    def __init__(self, slices: Iterable[InstanceSlice], start: float = 100.0) -> None:
+    def __init__(self, slices: Iterable[InstanceSlice], start: float = 100.0, params: VerticalParams = P) -> None:
         self.slices = tuple(slices)
+        self.params = params
         self.now = start
         self.state = VerticalState()
         self.shares: dict[str, float] = {}
@@ -28,7 +30,7 @@ class Clock:
         active = frozenset(active)
         for _ in range(periods):
             self.now += P.period_s
-            self.shares, self.state = allocate(VerticalContext(self.now, self.slices, active, P), self.state)
+            self.shares, self.state = allocate(VerticalContext(self.now, self.slices, active, self.params), self.state)
             self.events += self.state.events
         return self
 
@@ -45,6 +47,16 @@ def test_contention_gives_latency_its_request_and_batch_the_rest() -> None:
     clock = Clock([LAT, BATCH]).run(1, {"lat", "batch"})
     assert clock.shares["lat"] == pytest.approx(0.4)
     assert clock.shares["batch"] == pytest.approx(0.6)
+
+
+def test_isolated_batch_work_is_not_set_aside_for_latency_requests() -> None:
+    """The shim holds batch launches while latency work is served, so batch takes up to its limit
+    between requests; a KLC emergency still squeezes it."""
+    clock = Clock([LAT, BATCH], params=ISOLATED).run(1, {"lat", "batch"})
+    assert clock.shares == {"lat": pytest.approx(0.4), "batch": pytest.approx(0.9)}
+    clock = Clock([LAT, BATCH], params=ISOLATED).cycle(10, also={"batch"})
+    clock.run(20, {"lat", "batch"}).run(ISOLATED.idle_gap_periods, {"batch"})   # a cycle stretched 2x
+    assert clock.run(1, {"lat", "batch"}).shares["batch"] == pytest.approx(0.45)
 
 
 def test_batch_alone_after_latency_idleness_uses_its_limit() -> None:

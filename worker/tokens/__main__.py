@@ -11,6 +11,7 @@ import os
 import socket
 from pathlib import Path
 
+from dilu.policy.isolation import IsolationParams
 from worker.tokens.manager import TokenManager
 from worker.tokens.nvml import open_device_time
 
@@ -21,15 +22,17 @@ def main() -> None:
     parser.add_argument("--socket", required=True)
     parser.add_argument("--capacity", type=float, required=True)
     parser.add_argument("--measure", action="store_true", help="close the loop with NVML's per-process device time")
+    parser.add_argument("--no-isolation", action="store_true", help="token-rate control alone (no release rules)")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=getattr(logging, args.log_level), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         os.nice(-10)       # ahead of ordinary work on the host, when allowed (root)
     except OSError:
         pass
     device_time = open_device_time(args.gpu) if args.measure else None
     manager = TokenManager(gpu_uuid=args.gpu, socket_path=Path(args.socket), capacity_per_s=args.capacity,
-                           device_time=device_time)
+                           device_time=device_time, isolation=None if args.no_isolation else IsolationParams())
     manager.realtime = True
     gc.collect()
     gc.freeze()            # what is imported stays out of every later collection: they stay short

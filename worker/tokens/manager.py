@@ -3,8 +3,11 @@
 A thread runs the period loop (the control loop must not wait behind the worker's event loop):
 each period it reads every slot's consumption, asks ``dilu.policy.vertical.allocate`` for
 shares, turns shares into token budgets (tokens are grid blocks; ``capacity_per_s`` is what the
-whole device runs per second), and publishes the refill. Slice changes from the controller are
-picked up at the next period, so they take effect within two periods.
+whole device runs per second), asks ``dilu.policy.isolation.decide`` what each slot's release
+rules are (which slots are latency work, each batch instance's window and floor), and
+publishes the refill. Slice changes from the controller are picked up at the next period, so
+they take effect within two periods. ``isolation=None`` keeps token-rate control alone (what
+Dilu did before isolation, for comparison).
 
 Registration protocol (Unix socket, one connection per process, kept open: EOF = exit):
   shim -> manager   "HELLO <abi> <pid> <instance-id>\\n"
@@ -24,9 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dilu.policy import isolation
 from dilu.policy.calibration import TokenCost, observe, token_rate
+from dilu.policy.isolation import BatchPeriod, IsolationContext, IsolationParams, IsolationState
 from dilu.policy.vertical import InstanceSlice, VerticalContext, VerticalParams, VerticalState, allocate
-from worker.tokens.region import ABI, MAX_PROCS, MAX_SLOTS, Region, allowed_at, rebase
+from worker.tokens.region import ABI, MAX_PROCS, MAX_SLOTS, SLOT_FLOOR, SLOT_LATENCY, Region, allowed_at, rebase
 
 log = logging.getLogger(__name__)
 TELEMETRY_WINDOW_PERIODS = 200
@@ -48,6 +53,7 @@ class _Instance:
     processes: set[int] = field(default_factory=set)     # process entries
     cost: TokenCost | None = None          # device time per token, once measured (closed loop)
     calibrated_consumed: int = 0           # tokens consumed at the last calibration
+    last_held_ns: int = 0
     deltas: deque = field(default_factory=lambda: deque(maxlen=TELEMETRY_WINDOW_PERIODS))
 
 
@@ -63,10 +69,12 @@ class _Client:
 
 class TokenManager:
     def __init__(self, *, gpu_uuid: str, socket_path: Path, capacity_per_s: float,
-                 params: VerticalParams | None = None, device_time: Any = None) -> None:
+                 params: VerticalParams | None = None, device_time: Any = None,
+                 isolation: IsolationParams | None = IsolationParams()) -> None:
         """``device_time``: a source of measured per-process device time (``busy_shares()``, as
         ``worker.tokens.nvml.NvmlDeviceTime``) that closes the loop; None: open-loop, every
-        token costs ``1 / capacity_per_s`` of a device-second."""
+        token costs ``1 / capacity_per_s`` of a device-second. ``isolation``: the release rules
+        for batch work beside latency work; None: token-rate control alone."""
         self.gpu_uuid = gpu_uuid
         self.socket_path = Path(socket_path)
         self.capacity_per_s = capacity_per_s
@@ -74,7 +82,10 @@ class TokenManager:
         self._device_time = device_time
         self._calibrator: threading.Thread | None = None
         self.realtime = False       # run the period loop at real-time priority (its own process sets it)
-        self.params = params or VerticalParams()
+        self.isolation = isolation
+        self.params = params or VerticalParams(isolated=isolation is not None)
+        self._isolation_state = IsolationState()
+        self._floors: frozenset[str] = frozenset()
         self._region = Region(int(self.params.period_s * 1e6))
         self._lock = threading.Lock()
         self._slices: dict[str, InstanceSlice] = {}
@@ -125,7 +136,10 @@ class TokenManager:
                 "state": "waiting" if waiting else "active" if recent else "idle",
                 "launches": slot.launches, "tokens": slot.consumed, "blocked_ms": round(slot.blocked_ns / 1e6, 3),
                 "memory_bytes": slot.memory_in_use, "processes": len(instance.processes),
-                "ns_per_token": round(ns_per_token, 3), "batch_factor": round(self._state.batch_factor, 4)}
+                "ns_per_token": round(ns_per_token, 3), "batch_factor": round(self._state.batch_factor, 4),
+                "requests_in_flight": slot.inflight, "held_ms": round(slot.held_ns / 1e6, 3),
+                "window_tokens": slot.window, "outstanding_tokens": slot.outstanding,
+                "floor_due": name in self._floors}
 
     # ---- lifecycle ----
     def start(self) -> None:
@@ -222,10 +236,10 @@ class TokenManager:
                 delta = consumed - instance.last_consumed
                 instance.last_consumed = consumed
                 instance.deltas.append(max(0, delta))
-                if delta > 0 or consumed > allowed_at(slot, time.monotonic_ns()):
+                if delta > 0 or slot.inflight > 0 or consumed > allowed_at(slot, time.monotonic_ns()):
                     active.add(instance.instance_id)
             instances = {i.instance_id for i in self._instances.values()}
-            slices = tuple(self._slices.get(i) or InstanceSlice(i, "batch", 0.0, 1.0) for i in sorted(instances))
+            slices = tuple(self._slice_of(i) for i in sorted(instances))
             self._shares, self._state = allocate(
                 VerticalContext(now, slices, frozenset(active), self.params), self._state)
             for event in self._state.events:
@@ -235,10 +249,49 @@ class TokenManager:
             for instance in self._instances.values():
                 share = self._shares.get(instance.instance_id, 0.0)
                 rate = int(token_rate(share, instance.cost, self.default_ns_per_token) * (1 - HEADROOM))
-                # Idle instances bank at most one period of tokens; debts carry over.
-                rebase(slots[instance.slot], now_ns, rate, int(rate * self.params.period_s))
+                slot = slots[instance.slot]
+                # Idle instances bank at most one period of tokens; debts carry over, but for
+                # latency work served under isolation (its launches never wait for tokens).
+                rebase(slot, now_ns, rate, int(rate * self.params.period_s),
+                       forgive_debt=self.isolation is not None and self._slice_of(instance.instance_id).cls == "latency")
+            self._publish_release_rules()
             self.periods += 1
         self._region.refilled(time.monotonic_ns())
+
+    def _slice_of(self, instance_id: str) -> InstanceSlice:
+        """The instance's slice; an undeclared one is batch work with the whole device as its limit."""
+        return self._slices.get(instance_id) or InstanceSlice(instance_id, "batch", 0.0, 1.0)
+
+    def _publish_release_rules(self) -> None:
+        """Writes which slots are latency work and each batch instance's window and floor for the
+        next period (``dilu.policy.isolation``). Caller holds the lock."""
+        slots = self._region.slots
+        if self.isolation is None:
+            return
+        latency = [i for i in self._instances.values() if self._slice_of(i.instance_id).cls == "latency"]
+        batch = [i for i in self._instances.values() if self._slice_of(i.instance_id).cls != "latency"]
+        periods = []
+        for instance in batch:
+            slot = slots[instance.slot]
+            held, instance.last_held_ns = slot.held_ns - instance.last_held_ns, slot.held_ns
+            ns_per_token = instance.cost.ns_per_token if instance.cost else self.default_ns_per_token
+            tokens = instance.deltas[-1] if instance.deltas else 0
+            periods.append(BatchPeriod(instance.instance_id, self._slice_of(instance.instance_id).request,
+                                       tokens * ns_per_token / 1e9, held > 0, ns_per_token))
+        decision, self._isolation_state = isolation.decide(
+            IsolationContext(self.params.period_s, bool(latency), tuple(periods), self._state.batch_factor,
+                             self.isolation), self._isolation_state)
+        granted = decision.floors - self._floors
+        self._floors = decision.floors
+        for instance in latency:
+            slots[instance.slot].flags = SLOT_LATENCY
+            slots[instance.slot].window = 0
+        for instance in batch:
+            slots[instance.slot].window = decision.windows.get(instance.instance_id, 0)
+            slots[instance.slot].flags = SLOT_FLOOR if instance.instance_id in decision.floors else 0
+        self._region.header.latency_mask = sum(1 << i.slot for i in latency)
+        if granted:
+            self._region.wake_held()
 
     # ---- the closed loop (its own thread: NVML calls may take milliseconds) ----
     def _calibrate_loop(self) -> None:
@@ -337,7 +390,12 @@ class TokenManager:
         slot.gen = (slot.gen + 1) & 0xFFFFFFFF
         slot.pid = pid
         slot.consumed = slot.launches = slot.blocked_ns = slot.mem_used = slot.mem_returned = 0
-        slot.processes = 0
+        slot.processes = slot.inflight = 0
+        slot.held_ns = slot.outstanding = slot.window = 0
+        latency = self.isolation is not None and self._slice_of(instance_id).cls == "latency"
+        slot.flags = SLOT_LATENCY if latency else 0
+        if latency:   # before its first launch, not at the next period: it must never be held
+            self._region.header.latency_mask |= 1 << index
         share = self._shares.get(instance_id)
         if share is None:
             known = self._slices.get(instance_id)
@@ -370,6 +428,10 @@ class TokenManager:
             if not instance.processes:
                 self._instances.pop(_instance_key(instance.instance_id, client.pid), None)
                 slot.pid = 0
+                # A latency instance that died serving must not hold anyone's launches.
+                self._region.header.latency_mask &= ~(1 << instance.slot)
+                slot.inflight = 0
+                self._region.wake_held()
         log.info("%s: instance %s (pid %d) left slot %d", self.gpu_uuid, instance.instance_id, client.pid,
                  instance.slot)
 

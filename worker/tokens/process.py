@@ -37,15 +37,19 @@ class ManagerProcess:
     """The worker's handle on a token manager process; the same calls as ``TokenManager``."""
 
     def __init__(self, *, gpu_uuid: str, socket_path: Path, capacity_per_s: float, python: str | None = None,
-                 measure: bool = False, env: dict[str, str] | None = None) -> None:
+                 measure: bool = False, env: dict[str, str] | None = None, isolation: bool = True,
+                 log_level: str = "INFO") -> None:
         """``measure``: close the loop with NVML's per-process device time (``env`` is added to
-        the process's environment: where a simulated GPU's NVML and clock are)."""
+        the process's environment: where a simulated GPU's NVML and clock are). ``isolation``:
+        False keeps token-rate control alone (``TokenManager``'s ``isolation=None``)."""
         self.gpu_uuid = gpu_uuid
         self.socket_path = Path(socket_path)
         self.capacity_per_s = capacity_per_s
         self._python = python or sys.executable
         self._measure = measure
         self._env = env
+        self._isolation = isolation
+        self._log_level = log_level
         self._process: subprocess.Popen | None = None
         self._control: socket.socket | None = None
         self._reader: Any = None
@@ -55,7 +59,8 @@ class ManagerProcess:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self._process = subprocess.Popen(
             [self._python, "-m", "worker.tokens", "--gpu", self.gpu_uuid, "--socket", str(self.socket_path),
-             "--capacity", repr(self.capacity_per_s), *(["--measure"] if self._measure else [])],
+             "--capacity", repr(self.capacity_per_s), *(["--measure"] if self._measure else []),
+             *([] if self._isolation else ["--no-isolation"]), "--log-level", self._log_level],
             stdin=theirs, preexec_fn=die_with_parent, env={**os.environ, **(self._env or {})})
         theirs.close()
         self._control = ours

@@ -1,0 +1,202 @@
+/*
+ * Background release. A GPU without MPS runs one process's kernels at a time, in the order they
+ * were queued: a latency kernel waits behind whatever background work is already on the device,
+ * and throttling how fast the background process launches does not shorten that queue. So a
+ * batch instance's launches are released, not merely paced:
+ * - hold: while any latency instance on the GPU serves a request (its server counts requests in
+ *   its slot through the request API), a batch launch waits; the end of the last request wakes
+ *   it at once. The manager exempts a batch instance below its floor (DILU_SLOT_FLOOR), so
+ *   training never starves under a saturating latency load.
+ * - window: a batch process keeps at most slot.window tokens of launched but unfinished work on
+ *   the device, tracked with events recorded after its launches (one kernel may always go).
+ * So a latency request waits at most for one window of background work, and none after it
+ * starts. Nothing here runs for latency instances or while no latency instance shares the GPU
+ * (the manager then leaves the window unbounded and the latency mask empty): their launch path
+ * is the token gate alone.
+ */
+#define _GNU_SOURCE
+#include "release.h"
+
+#include <linux/futex.h>
+#include <pthread.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "../include/dilu_shm.h"
+#include "clock.h"
+#include "gate.h"
+#include "log.h"
+
+#define RING 64                       /* events of one process's unfinished launches */
+#define HOLD_POLL_NS 1000000          /* a held launch looks at its floor and the manager this often */
+
+typedef CUresult (*event_create_fn)(CUevent *, unsigned int);
+typedef CUresult (*event_record_fn)(CUevent, CUstream);
+typedef CUresult (*event_fn)(CUevent);
+
+static struct {
+    pthread_mutex_t lock;
+    CUevent events[RING];
+    int64_t positions[RING];          /* tokens launched up to and including the event's launch */
+    unsigned head, count;
+    int64_t launched, completed;      /* tokens, while the window was bounded */
+    int resolved, disabled;
+    event_create_fn create;
+    event_record_fn record, record_ptsz;
+    event_fn query, synchronize;
+} track = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void forget_events_in_child(void) {
+    /* The parent's events belong to its context; a child starts without any. */
+    memset(&track, 0, sizeof(track));
+    pthread_mutex_init(&track.lock, NULL);
+}
+
+void release_init(void) {
+    pthread_atfork(NULL, NULL, forget_events_in_child);
+}
+
+static void stop_tracking(const char *why) {
+    if (!track.disabled) {
+        shim_log(LOG_WARN, "%s: this process's unfinished work is not bounded", why);
+    }
+    track.disabled = 1;
+}
+
+/* Caller holds the lock. */
+static int resolve_events(void) {
+    if (!track.resolved) {
+        track.resolved = 1;
+        track.create = (event_create_fn)driver_symbol("cuEventCreate");
+        track.record = (event_record_fn)driver_symbol("cuEventRecord");
+        track.record_ptsz = (event_record_fn)driver_symbol("cuEventRecord_ptsz");
+        track.query = (event_fn)driver_symbol("cuEventQuery");
+        track.synchronize = (event_fn)driver_symbol("cuEventSynchronize");
+        if (!track.create || !track.record || !track.query || !track.synchronize) {
+            stop_tracking("the driver has no event API");
+        }
+    }
+    return !track.disabled;
+}
+
+/* Drops the events the device has passed. Caller holds the lock. */
+static void poll_events(void) {
+    while (track.count > 0) {
+        CUresult result = track.query(track.events[track.head]);
+        if (result == CUDA_ERROR_NOT_READY) {
+            return;
+        }
+        track.completed = track.positions[track.head];   /* done, or broken: either way not waiting */
+        track.head = (track.head + 1) % RING;
+        track.count--;
+    }
+}
+
+/* Whether a launch of `cost` must wait for the window; if so, the event to wait for. */
+static int window_full(int64_t cost, int64_t window, CUevent *wait_for) {
+    pthread_mutex_lock(&track.lock);
+    int full = 0;
+    if (resolve_events()) {
+        poll_events();
+        int64_t outstanding = track.launched - track.completed;
+        if (track.count > 0 && (outstanding + cost > window || track.count == RING)) {
+            /* The oldest event whose completion leaves room, else the newest. */
+            unsigned index = (track.head + track.count - 1) % RING;
+            for (unsigned k = 0; k < track.count; k++) {
+                unsigned at = (track.head + k) % RING;
+                if (track.launched - track.positions[at] + cost <= window) {
+                    index = at;
+                    break;
+                }
+            }
+            *wait_for = track.events[index];
+            full = 1;
+        }
+    }
+    pthread_mutex_unlock(&track.lock);
+    return full;
+}
+
+static int latency_serving(struct dilu_shm_header *header) {
+    uint64_t mask = __atomic_load_n(&header->latency_mask, __ATOMIC_ACQUIRE);
+    struct dilu_slot *slots = (struct dilu_slot *)((char *)header + DILU_SHM_SLOTS_OFFSET);
+    while (mask != 0) {
+        int index = __builtin_ctzll(mask);
+        if (index < (int)DILU_SHM_MAX_SLOTS && __atomic_load_n(&slots[index].inflight, __ATOMIC_ACQUIRE) > 0) {
+            return 1;
+        }
+        mask &= mask - 1;
+    }
+    return 0;
+}
+
+static void account_held(struct dilu_slot *slot, int64_t now, int64_t *since) {
+    __atomic_fetch_add(&slot->held_ns, now - *since, __ATOMIC_RELAXED);
+    *since = now;
+}
+
+void release_before(int64_t cost) {
+    struct dilu_shm_header *header = NULL;
+    struct dilu_slot *slot = gate_slot(&header);
+    if (slot == NULL || (__atomic_load_n(&slot->flags, __ATOMIC_ACQUIRE) & DILU_SLOT_LATENCY)) {
+        return;
+    }
+    int64_t since = 0;
+    for (;;) {
+        uint32_t generation = __atomic_load_n(&header->release_gen, __ATOMIC_ACQUIRE);
+        int floor_due = (__atomic_load_n(&slot->flags, __ATOMIC_ACQUIRE) & DILU_SLOT_FLOOR) != 0;
+        if (!floor_due && latency_serving(header)) {
+            int64_t now = shim_now_ns();
+            if (since == 0) since = now;
+            if (gate_manager_gone(now)) break;
+            account_held(slot, now, &since);
+            struct timespec timeout = {.tv_sec = 0, .tv_nsec = HOLD_POLL_NS};
+            syscall(SYS_futex, &header->release_gen, FUTEX_WAIT, generation, &timeout, NULL, 0);
+            continue;
+        }
+        int64_t window = __atomic_load_n(&slot->window, __ATOMIC_ACQUIRE);
+        CUevent wait_for = NULL;
+        if (window <= 0 || !window_full(cost, window, &wait_for)) {
+            break;
+        }
+        if (since == 0) since = shim_now_ns();
+        track.synchronize(wait_for);   /* no lock held: other threads may launch meanwhile */
+        account_held(slot, shim_now_ns(), &since);
+    }
+    if (since != 0) {
+        account_held(slot, shim_now_ns(), &since);
+    }
+}
+
+void release_after(CUstream stream, int ptsz, int64_t cost) {
+    struct dilu_shm_header *header = NULL;
+    struct dilu_slot *slot = gate_slot(&header);
+    if (slot == NULL || (__atomic_load_n(&slot->flags, __ATOMIC_ACQUIRE) & DILU_SLOT_LATENCY) ||
+        __atomic_load_n(&slot->window, __ATOMIC_ACQUIRE) <= 0) {
+        return;
+    }
+    pthread_mutex_lock(&track.lock);
+    if (resolve_events()) {
+        track.launched += cost;
+        if (track.count < RING) {
+            unsigned index = (track.head + track.count) % RING;
+            CUresult result = CUDA_SUCCESS;
+            if (track.events[index] == NULL) {
+                result = track.create(&track.events[index], CU_EVENT_DISABLE_TIMING);
+            }
+            if (result == CUDA_SUCCESS) {
+                event_record_fn record = ptsz && track.record_ptsz ? track.record_ptsz : track.record;
+                result = record(track.events[index], stream);
+            }
+            if (result == CUDA_SUCCESS) {
+                track.positions[index] = track.launched;
+                track.count++;
+            } else {
+                stop_tracking("recording an event after a launch failed");
+            }
+        }
+        __atomic_store_n(&slot->outstanding, track.launched - track.completed, __ATOMIC_RELAXED);
+    }
+    pthread_mutex_unlock(&track.lock);
+}
