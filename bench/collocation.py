@@ -39,6 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from dilu.policy.isolation import IsolationParams  # noqa: E402
 from worker.tokens.manager import socket_path_for  # noqa: E402
 from worker.tokens.process import ManagerProcess  # noqa: E402
 
@@ -193,7 +194,8 @@ def _manager(device: FakeDevice | RealGpu, capacity: float, isolation: bool, mea
     unless ``measure`` is False."""
     name = f"GPU-collocation-{time.monotonic_ns()}"
     manager = ManagerProcess(gpu_uuid=device.uuid or name, socket_path=socket_path_for(device.tmp, name),
-                             capacity_per_s=capacity, measure=measure, env=device.env(), isolation=isolation,
+                             capacity_per_s=capacity, measure=measure, env=device.env(),
+                             isolation=IsolationParams() if isolation else None,
                              log_level="WARNING")
     manager.start()
     return manager

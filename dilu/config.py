@@ -176,6 +176,19 @@ class WorkerSettings(CommonSettings):
     worker_name: str | None = Field(None, description="Prefix of this host's worker ids; the hostname when unset")
     fake_gpus: int = Field(0, ge=0, le=16, description="Simulated GPUs (fake driver + real shim), for machines without one")
     fake_ns_per_block: int = Field(1000, gt=0, description="Device time of one block on a simulated GPU")
+    fake_gpu_sched: Literal["timeslice", "fifo"] = Field(
+        "timeslice", description="How a simulated GPU runs its processes' kernels: timeslice (one process at a "
+                                 "time, as a GPU without MPS) or fifo (one queue for all)")
+    isolation: bool = Field(True, description="Hold batch instances' launches on a GPU while a latency instance "
+                                              "serves a request, and bound their unfinished work (false: "
+                                              "token-rate control alone)")
+    isolation_window_us: float = Field(300.0, gt=0, le=100_000, description="Device time a batch instance may "
+                                                                          "have queued beside latency work")
+    mps: Literal["off", "on"] = Field(
+        "off", description="on: GPU instances are clients of the host's running MPS control daemon; batch "
+                           "instances at below-normal priority with their limit as active-thread percentage")
+    mps_pipe_dir: Path | None = Field(None, description="The MPS control daemon's pipe folder "
+                                                        "(CUDA's default, /tmp/nvidia-mps, when unset)")
     token_feedback: bool = Field(True, description="Correct each instance's token rate from the device time NVML "
                                                   "measures per process (closed loop); false: open-loop on the "
                                                   "calibrated capacity")

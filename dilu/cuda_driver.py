@@ -147,3 +147,8 @@ class CudaDriver:
     @property
     def ptsz_calls(self) -> int:
         return self._counter("dilu_fake_ptsz_calls")
+
+    @property
+    def peak_outstanding_ns(self) -> int:
+        """The most device time this process had launched and unfinished at once."""
+        return self._counter("dilu_fake_peak_outstanding_ns")

@@ -19,6 +19,7 @@ from dilu.controller.reconciler import Reconciler
 from dilu.db.engine import make_engine, make_session_factory, migrate
 from dilu.default_impl import create_backend, create_http_client, create_scheduler, create_store, worker_id
 from dilu.messages import WorkerInfo
+from dilu.policy.isolation import IsolationParams
 from gateway.app import create_asgi
 from gateway.origin import is_loopback
 from gateway.services import GatewayServices
@@ -30,6 +31,7 @@ from dilu.worker_client import InProcessWorkerClient, WorkerDirectory
 from worker.devices import discover_devices
 from worker.shimlib import ShimUnavailable, shim_paths
 from worker.tokens.control import GpuControl
+from worker.tokens.mps import MpsSetup
 
 log = logging.getLogger(__name__)
 OnReady = Callable[[str, str | None], Awaitable[None]]   # (HTTP URL, gRPC address or None)
@@ -119,7 +121,11 @@ def _gpu_control(settings: WorkerSettings, device, run_dir: Path) -> GpuControl 
         return None
     control = GpuControl(device=device, shim=shim, run_dir=run_dir,
                          capacity_per_s=settings.token_capacity, fake_ns_per_block=settings.fake_ns_per_block,
-                         in_process=settings.token_manager == "thread", feedback=settings.token_feedback)
+                         in_process=settings.token_manager == "thread", feedback=settings.token_feedback,
+                         isolation=IsolationParams(window_s=settings.isolation_window_us / 1e6)
+                         if settings.isolation else None,
+                         fake_sched=settings.fake_gpu_sched,
+                         mps=MpsSetup(settings.mps_pipe_dir) if settings.mps == "on" else None)
     control.start()
     return control
 
@@ -130,6 +136,12 @@ def _make_agents(settings: WorkerSettings, store, sessions, url_for=None) -> lis
     except RuntimeError as exc:
         raise StartupError(str(exc)) from None
     bundles = BundleCache(sessions=sessions, cache_dir=settings.home / "bundles", max_bytes=settings.max_bundle_bytes)
+    several_users = backend.shared_dir is not None or (settings.runtime == "docker" and settings.docker_user == "auto")
+    if settings.mps == "on" and several_users:
+        raise StartupError("DILU_MPS=on, but this worker runs each function as a user of its own, and an MPS "
+                           "server serves one user at a time (another user's instance would wait for every "
+                           "client of the first to exit): run the worker as an ordinary user (or docker "
+                           "instances as one DILU_DOCKER_USER), or leave DILU_MPS off")
     # Token-manager sockets where every instance can reach them (instances of a root worker run
     # as another user, who cannot enter the worker's home).
     run_dir = backend.shared_dir or settings.home / "run"

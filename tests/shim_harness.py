@@ -33,6 +33,11 @@ class Client:
             if line.startswith("{"):
                 return json.loads(line)
 
+    def kill(self) -> None:
+        """Ends a client that would run on (a background load), reaping it."""
+        self.process.kill()
+        self.process.communicate(timeout=30)
+
     def lines(self, timeout: float = 120) -> list[dict]:
         stdout, stderr = self.process.communicate(timeout=timeout)
         assert self.process.returncode == 0, stderr

@@ -12,8 +12,12 @@ therefore releases a batch instance's work (shim/src/release.c) under two rules 
   instance shares the GPU.
 - **floor**: training must not starve under a saturating latency load. A batch instance that
   wanted to run in the period that ended (its launches were held) and whose device share over the
-  last ``floor_window_s`` is below its floor (its slice's request, what admission reserved for it,
-  at least ``min_floor``) is exempt from the hold for the next period.
+  last ``floor_window_s`` is below its floor (``floor_share``, or its slice's request if smaller)
+  is exempt from the hold for the next period, with a window of one period's device time, so that
+  on a time-sliced GPU it gets a slice's worth of the device when its turn comes rather than one
+  kernel. The floor is a guard against starvation, not the slice's guarantee: a profiled training
+  job requests nearly the whole GPU, and honouring that under every latency burst would leave
+  nothing to isolate.
 
 Pure: ``decide(ctx, state) -> (IsolationDecision, new_state)``, called by the token manager every
 period; ``shares_while_serving`` is the same rule at the simulator's time scale.
@@ -27,8 +31,8 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True)
 class IsolationParams:
     window_s: float = 0.0003      # device time a batch instance may have queued beside latency work
+    floor_share: float = 0.1      # the device share a held batch instance keeps, over floor_window_s
     floor_window_s: float = 0.5
-    min_floor: float = 0.05       # the floor of a batch instance whose slice requests less
 
 
 @dataclass(frozen=True)
@@ -63,7 +67,13 @@ class IsolationDecision:
 
 
 def floor_of(request: float, params: IsolationParams) -> float:
-    return max(request, params.min_floor)
+    """A batch instance's floor: ``floor_share``, or its slice's request when that is smaller."""
+    return min(request, params.floor_share) if request > 0 else params.floor_share
+
+
+def window_tokens(window_s: float, ns_per_token: float) -> int:
+    """A window of ``window_s`` device time in tokens costing ``ns_per_token`` each (at least one)."""
+    return max(1, int(window_s * 1e9 / max(ns_per_token, 1e-9)))
 
 
 def decide(ctx: IsolationContext, state: IsolationState) -> tuple[IsolationDecision, IsolationState]:
@@ -78,11 +88,13 @@ def decide(ctx: IsolationContext, state: IsolationState) -> tuple[IsolationDecis
         if not ctx.latency_present:
             windows[item.instance_id] = 0
             continue
-        window_ns = params.window_s * 1e9 * min(1.0, max(0.0, ctx.batch_factor))
-        windows[item.instance_id] = max(1, int(window_ns / max(item.ns_per_token, 1e-9)))
         share = sum(history) / (len(history) * ctx.period_s)
         if item.held and share < floor_of(item.request, params):
             floors.add(item.instance_id)
+            window_s = ctx.period_s
+        else:
+            window_s = params.window_s * min(1.0, max(0.0, ctx.batch_factor))
+        windows[item.instance_id] = window_tokens(window_s, item.ns_per_token)
     return IsolationDecision(windows, frozenset(floors)), IsolationState(used)
 
 

@@ -61,6 +61,7 @@ static uint64_t next_address = 0x700000000000ull;
 API volatile int64_t dilu_fake_launch_count;
 API volatile int64_t dilu_fake_device_ns;
 API volatile int64_t dilu_fake_ptsz_calls;   /* launches that arrived through a _ptsz entry point */
+API volatile int64_t dilu_fake_peak_outstanding_ns;   /* the most work this process had queued and unfinished */
 
 static struct {
     CUstream stream;
@@ -141,6 +142,7 @@ static CUresult run_kernel(CUstream stream, int64_t blocks) {
     }
     __atomic_fetch_add(&dilu_fake_device_ns, duration, __ATOMIC_RELAXED);
     int64_t mark = device_submit(duration);
+    dilu_fake_peak_outstanding_ns = device_peak_outstanding();
     pthread_mutex_lock(&lock);
     if (mark > streams[index].tail) streams[index].tail = mark;
     if (mark > process_tail) process_tail = mark;

@@ -365,3 +365,9 @@ void device_wait(int64_t mark) {
         sleep_until(mark);
     }
 }
+
+int64_t device_peak_outstanding(void) {
+    int index = 0;
+    struct fake_process_time *mine = own_entry(&index);
+    return mine != NULL ? __atomic_load_n(&mine->peak_outstanding_ns, __ATOMIC_ACQUIRE) : 0;
+}

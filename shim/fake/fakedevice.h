@@ -24,4 +24,7 @@ int device_reached(int64_t mark);
 /* Sleeps until the device has done this process's work up to `mark`. */
 void device_wait(int64_t mark);
 
+/* The most work this process has had submitted and unfinished at once (right after a submit). */
+int64_t device_peak_outstanding(void);
+
 #endif

@@ -66,7 +66,7 @@ struct dilu_slot {
     int32_t processes;    /* live processes registered in the slot */
     uint32_t flags;       /* DILU_SLOT_* */
     int64_t window;       /* tokens a batch process may have unfinished on the device; 0: unbounded */
-    int64_t held_ns;      /* time launches were held for latency work or the window */
+    int64_t held_ns;      /* time launches were held for latency work */
     int64_t outstanding;  /* tokens unfinished on the device after the latest launch (telemetry) */
     int32_t inflight;     /* requests the instance is serving */
     uint32_t reserved0;

@@ -27,19 +27,19 @@ static inline int64_t grid_cost(unsigned x, unsigned y, unsigned z) {
     return blocks > 0 ? blocks : 1;
 }
 
+static inline int per_thread_stream(enum hook_id id) {
+    return id == H_LAUNCH_KERNEL_PTSZ || id == H_LAUNCH_KERNEL_EX_PTSZ || id == H_LAUNCH_COOPERATIVE_PTSZ ||
+           id == H_GRAPH_LAUNCH_PTSZ;
+}
+
 /* Returns whether the launch was charged (a captured one is not: it does not run now). */
-static inline int admit(CUstream stream, int64_t cost) {
+static inline int admit(CUstream stream, enum hook_id id, int64_t cost) {
     if (capture_absorbs(stream, cost)) {
         return 0;
     }
     gate_charge(cost);
-    release_before(cost);
+    release_before(stream, per_thread_stream(id), cost);
     return 1;
-}
-
-static inline int per_thread_stream(enum hook_id id) {
-    return id == H_LAUNCH_KERNEL_PTSZ || id == H_LAUNCH_KERNEL_EX_PTSZ || id == H_LAUNCH_COOPERATIVE_PTSZ ||
-           id == H_GRAPH_LAUNCH_PTSZ;
 }
 
 static inline CUresult launched(CUresult result, int charged, CUstream stream, enum hook_id id, int64_t cost) {
@@ -56,7 +56,7 @@ static CUresult launch(enum hook_id id, CUfunction f, unsigned gx, unsigned gy, 
         return CUDA_ERROR_NOT_SUPPORTED;
     }
     int64_t cost = grid_cost(gx, gy, gz);
-    int charged = admit(stream, cost);
+    int charged = admit(stream, id, cost);
     return launched(real(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra), charged, stream, id, cost);
 }
 
@@ -81,7 +81,7 @@ static CUresult launch_ex(enum hook_id id, const CUlaunchConfig *config, CUfunct
         return real(config, f, params, extra);
     }
     int64_t cost = grid_cost(config->gridDimX, config->gridDimY, config->gridDimZ);
-    int charged = admit(config->hStream, cost);
+    int charged = admit(config->hStream, id, cost);
     return launched(real(config, f, params, extra), charged, config->hStream, id, cost);
 }
 
@@ -100,7 +100,7 @@ static CUresult cooperative(enum hook_id id, CUfunction f, unsigned gx, unsigned
         return CUDA_ERROR_NOT_SUPPORTED;
     }
     int64_t cost = grid_cost(gx, gy, gz);
-    int charged = admit(stream, cost);
+    int charged = admit(stream, id, cost);
     return launched(real(f, gx, gy, gz, bx, by, bz, shared, stream, params), charged, stream, id, cost);
 }
 
@@ -122,7 +122,7 @@ static CUresult graph_launch(enum hook_id id, CUgraphExec exec, CUstream stream)
         return CUDA_ERROR_NOT_SUPPORTED;
     }
     int64_t cost = graph_exec_cost(exec);
-    int charged = admit(stream, cost);
+    int charged = admit(stream, id, cost);
     return launched(real(exec, stream), charged, stream, id, cost);
 }
 

@@ -41,6 +41,8 @@ static struct {
     int64_t positions[RING];          /* tokens launched up to and including the event's launch */
     unsigned head, count;
     int64_t launched, completed;      /* tokens, while the window was bounded */
+    int windowed;                     /* the window was bounded at this process's latest launch */
+    CUevent fence;                    /* waited on once when the window becomes bounded */
     int resolved, disabled;
     event_create_fn create;
     event_record_fn record, record_ptsz;
@@ -93,11 +95,27 @@ static void poll_events(void) {
     }
 }
 
-/* Whether a launch of `cost` must wait for the window; if so, the event to wait for. */
-static int window_full(int64_t cost, int64_t window, CUevent *wait_for) {
+/* The window just became bounded (a latency instance arrived): what this process launched
+ * before was not tracked, so it waits once for the stream's queue to drain, then tracks from
+ * empty. Caller holds the lock; returns the event to wait for (NULL: nothing to wait for). */
+static CUevent fence(CUstream stream, int ptsz) {
+    track.windowed = 1;
+    if (track.fence == NULL && track.create(&track.fence, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+        stop_tracking("creating an event failed");
+        return NULL;
+    }
+    event_record_fn record = ptsz && track.record_ptsz ? track.record_ptsz : track.record;
+    return record(track.fence, stream) == CUDA_SUCCESS ? track.fence : NULL;
+}
+
+/* Whether a launch of `cost` on `stream` must wait for the window; if so, the event to wait for. */
+static int window_full(CUstream stream, int ptsz, int64_t cost, int64_t window, CUevent *wait_for) {
     pthread_mutex_lock(&track.lock);
     int full = 0;
-    if (resolve_events()) {
+    if (resolve_events() && !track.windowed) {
+        *wait_for = fence(stream, ptsz);
+        full = *wait_for != NULL;
+    } else if (resolve_events()) {
         poll_events();
         int64_t outstanding = track.launched - track.completed;
         if (track.count > 0 && (outstanding + cost > window || track.count == RING)) {
@@ -136,36 +154,42 @@ static void account_held(struct dilu_slot *slot, int64_t now, int64_t *since) {
     *since = now;
 }
 
-void release_before(int64_t cost) {
+void release_before(CUstream stream, int ptsz, int64_t cost) {
     struct dilu_shm_header *header = NULL;
     struct dilu_slot *slot = gate_slot(&header);
     if (slot == NULL || (__atomic_load_n(&slot->flags, __ATOMIC_ACQUIRE) & DILU_SLOT_LATENCY)) {
         return;
     }
-    int64_t since = 0;
+    int64_t held_since = 0;   /* only holds for latency work count as held: the floor's signal */
     for (;;) {
         uint32_t generation = __atomic_load_n(&header->release_gen, __ATOMIC_ACQUIRE);
         int floor_due = (__atomic_load_n(&slot->flags, __ATOMIC_ACQUIRE) & DILU_SLOT_FLOOR) != 0;
         if (!floor_due && latency_serving(header)) {
             int64_t now = shim_now_ns();
-            if (since == 0) since = now;
+            if (held_since == 0) held_since = now;
             if (gate_manager_gone(now)) break;
-            account_held(slot, now, &since);
+            account_held(slot, now, &held_since);
             struct timespec timeout = {.tv_sec = 0, .tv_nsec = HOLD_POLL_NS};
             syscall(SYS_futex, &header->release_gen, FUTEX_WAIT, generation, &timeout, NULL, 0);
             continue;
         }
+        if (held_since != 0) {
+            account_held(slot, shim_now_ns(), &held_since);
+            held_since = 0;
+        }
         int64_t window = __atomic_load_n(&slot->window, __ATOMIC_ACQUIRE);
         CUevent wait_for = NULL;
-        if (window <= 0 || !window_full(cost, window, &wait_for)) {
-            break;
+        if (window <= 0) {
+            __atomic_store_n(&track.windowed, 0, __ATOMIC_RELAXED);   /* untracked from here */
+            return;
         }
-        if (since == 0) since = shim_now_ns();
+        if (!window_full(stream, ptsz, cost, window, &wait_for)) {
+            return;
+        }
         track.synchronize(wait_for);   /* no lock held: other threads may launch meanwhile */
-        account_held(slot, shim_now_ns(), &since);
     }
-    if (since != 0) {
-        account_held(slot, shim_now_ns(), &since);
+    if (held_since != 0) {
+        account_held(slot, shim_now_ns(), &held_since);
     }
 }
 

@@ -34,6 +34,7 @@ from starlette.routing import Mount, Route
 from dilu.handler import progress_units
 from dilu.instance_protocol import ERROR_MARKER, EXIT_LOAD_FAILED, LOADING_HEADER, InstanceConfig, route_prefix
 from worker.instance.batcher import Batcher, BatchError
+from worker.instance.gpu_requests import RequestSignal
 from worker.instance.loader import HandlerError, build_handler
 from worker.instance.metrics import InstanceMetrics
 
@@ -45,6 +46,7 @@ class RuntimeState:
         self.ready = threading.Event()
         self.batcher: Batcher | None = None
         self.metrics = InstanceMetrics()
+        self.gpu_requests = RequestSignal()
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -63,7 +65,8 @@ def create_app(state: RuntimeState, lifespan=None, prefix: str = "") -> Starlett
             return _error(400, f"request body is not valid JSON: {exc}")
         started = time.perf_counter()
         try:
-            result = await state.batcher.submit(payload)
+            with state.gpu_requests.serving():
+                result = await state.batcher.submit(payload)
         except BatchError as exc:
             return _error(exc.status, f"invalid input: {exc}" if exc.status < 500 else f"handler error: {exc}")
         try:   # NaN and infinities are not JSON: a client's parser would refuse the answer

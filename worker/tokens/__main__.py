@@ -23,6 +23,8 @@ def main() -> None:
     parser.add_argument("--capacity", type=float, required=True)
     parser.add_argument("--measure", action="store_true", help="close the loop with NVML's per-process device time")
     parser.add_argument("--no-isolation", action="store_true", help="token-rate control alone (no release rules)")
+    parser.add_argument("--window-us", type=float, default=IsolationParams().window_s * 1e6,
+                        help="device time a batch instance may have queued beside latency work")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = parser.parse_args()
     logging.basicConfig(level=getattr(logging, args.log_level), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -32,7 +34,7 @@ def main() -> None:
         pass
     device_time = open_device_time(args.gpu) if args.measure else None
     manager = TokenManager(gpu_uuid=args.gpu, socket_path=Path(args.socket), capacity_per_s=args.capacity,
-                           device_time=device_time, isolation=None if args.no_isolation else IsolationParams())
+                           device_time=device_time, isolation=None if args.no_isolation else IsolationParams(window_s=args.window_us / 1e6))
     manager.realtime = True
     gc.collect()
     gc.freeze()            # what is imported stays out of every later collection: they stay short

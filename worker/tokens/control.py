@@ -7,9 +7,11 @@ from pathlib import Path
 from typing import Any
 
 from dilu.messages import DeviceInfo, StartInstance
+from dilu.policy.isolation import IsolationParams
 from dilu.slices import default_slice
 from worker.shimlib import ShimPaths
 from worker.tokens.manager import TokenManager, socket_path_for
+from worker.tokens.mps import MpsSetup, client_env
 from worker.tokens.process import ManagerProcess
 
 log = logging.getLogger(__name__)
@@ -27,10 +29,16 @@ class GpuControl:
 
     def __init__(self, *, device: DeviceInfo, shim: ShimPaths, run_dir: Path,
                  capacity_per_s: float | None, fake_ns_per_block: int, in_process: bool = False,
-                 feedback: bool = True) -> None:
+                 feedback: bool = True, isolation: IsolationParams | None = IsolationParams(),
+                 fake_sched: str = "timeslice", mps: MpsSetup | None = None) -> None:
+        """``isolation``: the release rules of batch work beside latency work (None: token-rate
+        control alone); ``fake_sched``: how a simulated GPU schedules its processes; ``mps``:
+        instances are MPS clients (None: they are not)."""
         self.device = device
         self.shim = shim
         self.fake_ns_per_block = fake_ns_per_block
+        self.fake_sched = fake_sched
+        self.mps = mps
         self.clock_file = run_dir / f"{device.uuid}.clock"
         if device.fake:
             capacity_per_s = 1e9 / fake_ns_per_block
@@ -43,17 +51,19 @@ class GpuControl:
         gpu_uuid, socket_path = device.uuid or f"gpu{device.index}", socket_path_for(run_dir, device.uuid or "gpu")
         self.manager: TokenManager | ManagerProcess
         if in_process:
-            self.manager = TokenManager(gpu_uuid=gpu_uuid, socket_path=socket_path, capacity_per_s=capacity_per_s)
+            self.manager = TokenManager(gpu_uuid=gpu_uuid, socket_path=socket_path, capacity_per_s=capacity_per_s,
+                                        isolation=isolation)
         else:
             fake_env = {"LD_LIBRARY_PATH": str(shim.fake_driver_dir), "DILU_FAKE_CLOCK": str(self.clock_file)}
             self.manager = ManagerProcess(gpu_uuid=gpu_uuid, socket_path=socket_path, capacity_per_s=capacity_per_s,
-                                          measure=feedback, env=fake_env if device.fake else None)
+                                          measure=feedback, env=fake_env if device.fake else None, isolation=isolation)
 
     def start(self) -> None:
         self.clock_file.parent.mkdir(parents=True, exist_ok=True)
         if self.device.fake:
-            # Every instance of the simulated GPU maps the clock, whatever user it runs as.
-            self.clock_file.touch(exist_ok=True)
+            # A fresh device (nothing queued by an earlier worker's instances), whose clock every
+            # instance maps, whatever user it runs as.
+            self.clock_file.write_bytes(b"")
             self.clock_file.chmod(0o666)
         self.manager.start()
 
@@ -74,7 +84,10 @@ class GpuControl:
                 "DILU_FAKE_CLOCK": str(self.clock_file),
                 "DILU_FAKE_NS_PER_BLOCK": str(self.fake_ns_per_block),
                 "DILU_FAKE_MEMORY": str(self.device.memory_bytes),
+                "DILU_FAKE_SCHED": self.fake_sched,
             })
+        if self.mps is not None:
+            env.update(client_env(self.mps, cls, sm_limit))
         return env
 
     def injected_at_start(self) -> dict[str, str]:

@@ -373,7 +373,7 @@ class TokenManager:
                 conn.sendall(b"ERR no free slot\n")
                 return None
             instance = self._instances[key] = _Instance(instance_id, free)
-            self._fresh_slot(free, pid, instance_id)
+            self._fresh_slot(instance, pid)
         slot = self._region.slots[instance.slot]
         entry = self._region.procs[proc]
         entry.mem_used = 0
@@ -384,18 +384,25 @@ class TokenManager:
         client = self._clients[proc] = _Client(sock=conn, proc=proc, pid=pid, instance=instance)
         return client, slot.gen
 
-    def _fresh_slot(self, index: int, pid: int, instance_id: str) -> None:
+    def _fresh_slot(self, instance: _Instance, pid: int) -> None:
         """Zeroed counters and one period of budget up front, so the first launch does not wait."""
+        index, instance_id = instance.slot, instance.instance_id
         slot = self._region.slots[index]
         slot.gen = (slot.gen + 1) & 0xFFFFFFFF
         slot.pid = pid
         slot.consumed = slot.launches = slot.blocked_ns = slot.mem_used = slot.mem_returned = 0
         slot.processes = slot.inflight = 0
-        slot.held_ns = slot.outstanding = slot.window = 0
-        latency = self.isolation is not None and self._slice_of(instance_id).cls == "latency"
-        slot.flags = SLOT_LATENCY if latency else 0
-        if latency:   # before its first launch, not at the next period: it must never be held
-            self._region.header.latency_mask |= 1 << index
+        slot.held_ns = slot.outstanding = slot.window = slot.flags = 0
+        # Its release rules from its first launch, not from the next period: a latency instance
+        # must never be held, and batch work beside latency work must not queue up meanwhile.
+        if self.isolation is not None:
+            if self._slice_of(instance_id).cls == "latency":
+                slot.flags = SLOT_LATENCY
+                self._region.header.latency_mask |= 1 << index
+                for other in self._instances.values():
+                    self._bound_window(other)
+            else:
+                self._bound_window(instance)
         share = self._shares.get(instance_id)
         if share is None:
             known = self._slices.get(instance_id)
@@ -404,6 +411,15 @@ class TokenManager:
         slot.granted_at_ns = time.monotonic_ns()
         slot.granted = int(rate * self.params.period_s)
         slot.rate_per_s = rate
+
+    def _bound_window(self, instance: _Instance) -> None:
+        """Bounds a batch instance's window now if latency work shares the GPU (the period's
+        decision refines it: measured cost, batch factor, floor). Caller holds the lock."""
+        slot = self._region.slots[instance.slot]
+        if self._region.header.latency_mask and self._slice_of(instance.instance_id).cls != "latency" \
+                and slot.window == 0:
+            ns_per_token = instance.cost.ns_per_token if instance.cost else self.default_ns_per_token
+            slot.window = isolation.window_tokens(self.isolation.window_s, ns_per_token)
 
     def _client_event(self, client: _Client) -> None:
         try:

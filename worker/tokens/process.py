@@ -26,6 +26,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from dilu.policy.isolation import IsolationParams
 from worker.sandbox import die_with_parent
 
 log = logging.getLogger(__name__)
@@ -37,11 +38,11 @@ class ManagerProcess:
     """The worker's handle on a token manager process; the same calls as ``TokenManager``."""
 
     def __init__(self, *, gpu_uuid: str, socket_path: Path, capacity_per_s: float, python: str | None = None,
-                 measure: bool = False, env: dict[str, str] | None = None, isolation: bool = True,
-                 log_level: str = "INFO") -> None:
+                 measure: bool = False, env: dict[str, str] | None = None,
+                 isolation: IsolationParams | None = IsolationParams(), log_level: str = "INFO") -> None:
         """``measure``: close the loop with NVML's per-process device time (``env`` is added to
         the process's environment: where a simulated GPU's NVML and clock are). ``isolation``:
-        False keeps token-rate control alone (``TokenManager``'s ``isolation=None``)."""
+        as ``TokenManager``'s (None: token-rate control alone)."""
         self.gpu_uuid = gpu_uuid
         self.socket_path = Path(socket_path)
         self.capacity_per_s = capacity_per_s
@@ -60,7 +61,8 @@ class ManagerProcess:
         self._process = subprocess.Popen(
             [self._python, "-m", "worker.tokens", "--gpu", self.gpu_uuid, "--socket", str(self.socket_path),
              "--capacity", repr(self.capacity_per_s), *(["--measure"] if self._measure else []),
-             *([] if self._isolation else ["--no-isolation"]), "--log-level", self._log_level],
+             *(["--window-us", repr(self._isolation.window_s * 1e6)] if self._isolation else ["--no-isolation"]),
+             "--log-level", self._log_level],
             stdin=theirs, preexec_fn=die_with_parent, env={**os.environ, **(self._env or {})})
         theirs.close()
         self._control = ours
