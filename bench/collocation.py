@@ -177,16 +177,27 @@ def _rate_between(progress: list[dict], started: float, ended: float) -> float:
     return (inside[-1]["steps"] - inside[0]["steps"]) / (inside[-1]["t"] - inside[0]["t"])
 
 
-def _training_token_rate(device: RealGpu) -> float:
-    """Tokens per second the training loop consumes alone under the shim with unlimited tokens."""
+def _training_token_rate(device: RealGpu, seconds: float = 6.0) -> float:
+    """Tokens per second the training loop consumes alone under the shim with unlimited tokens
+    (what gpu_check calibrates the capacity with), sampled while it runs: past its first second."""
     manager = _manager(device, 1e15, isolation=True)
+    samples: list[tuple[float, int]] = []
     try:
         manager.set_slice("cal", "batch", 1.0, 1.0)
-        _result(_start(device.training(6.0), _shimmed(device, manager, "cal")))
-        tokens = manager.telemetry().get("cal", {}).get("tokens", 0)
+        process = _start(device.training(seconds), _shimmed(device, manager, "cal"))
+        started = time.monotonic()
+        while process.poll() is None:
+            view = manager.telemetry().get("cal")
+            if view is not None and time.monotonic() - started > 1.0:
+                samples.append((time.monotonic(), view["tokens"]))
+            time.sleep(0.25)   # sampling a running process's counters
+        _lines(process)
     finally:
         manager.stop()
-    return tokens / 6.0 if tokens else 1e7
+    if len(samples) < 2 or samples[-1][0] <= samples[0][0] or samples[-1][1] <= samples[0][1]:
+        print("WARNING: the shim counted no training launches: interception did not work here")
+        return 1e7
+    return (samples[-1][1] - samples[0][1]) / (samples[-1][0] - samples[0][0])
 
 
 def _manager(device: FakeDevice | RealGpu, capacity: float, isolation: bool, measure: bool = True) -> ManagerProcess:

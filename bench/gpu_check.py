@@ -8,9 +8,8 @@ Prints, each measured side by side in this one run:
   every workload (the matmul's) and the closed loop on NVML's per-process device time. Achieved
   share = co-located it/s / alone it/s of each process, judged against its slice (absolute, not
   the split between the two): two matmuls at 30/70; two different models (ResNet inference at
-  30 %, matmul at 70 %); a training loop fed by a DataLoader with worker processes at 50 %;
-- latency: a ResNet-18-style latency function's p50/p99 alone, beside a training loop without
-  control, and beside it with Dilu's control (latency 0.5/1.0, batch 0.5/1.0, KLC throttling).
+  30 %, matmul at 70 %); a training loop fed by a DataLoader with worker processes at 50 %.
+Latency isolation beside training is bench/collocation.py's (gpu_check.sh runs both).
 
     python bench/gpu_check.py [--seconds 10] [--smoke]      (--smoke: tiny CPU run of the harness)
 """
@@ -163,35 +162,6 @@ class Check:
                       [("loader", ["loader", long], 0.5)], alone))
         print(f"shares within 3 pp of every slice: {'met' if worst <= 3 else 'NOT met'} (worst {worst:.2f} pp)")
 
-    def latency(self) -> None:
-        print("== latency function beside a training loop")
-        requests = max(50, int(self.seconds * 30))
-        alone = self.run(["latency", requests, 20])
-        train_alone = self.run(["train", self.seconds])
-        _, train_rate = self.unlimited(["train", self.seconds])
-        training = self.start(["train", self.seconds * 2.5])
-        time.sleep(3)  # let the training loop warm up before the requests start
-        uncontrolled = self.run(["latency", requests, 20])
-        train_free = self.result(training)
-        manager = self.manager(self.capacity or train_rate or 1.0)
-        try:
-            manager.set_slice("lat", "latency", 0.5, 1.0)
-            manager.set_slice("train", "batch", 0.5, 1.0)
-            training = self.start(["train", self.seconds * 2.5], manager, "train")
-            time.sleep(3)
-            controlled = self.run(["latency", requests, 20], manager, "lat")
-            train_controlled = self.result(training)
-            emergencies = sum(1 for _, event in manager.events if event.startswith("emergency"))
-        finally:
-            manager.stop()
-        print(f"training capacity calibrated at {train_rate:,.0f} tokens/s; training alone {train_alone['per_s']:.2f} it/s")
-        for name, result, train in (("alone", alone, None), ("collocated, no control", uncontrolled, train_free),
-                                    ("collocated, Dilu control", controlled, train_controlled)):
-            extra = f"   training {train['per_s']:.2f} it/s" if train else ""
-            print(f"{name:<26} p50 {result['p50_ms']:8.2f} ms   p99 {result['p99_ms']:8.2f} ms{extra}")
-        print(f"KLC emergencies under control: {emergencies}; p99 ratio controlled/uncontrolled "
-              f"{controlled['p99_ms'] / uncontrolled['p99_ms']:.2f}x, controlled/alone {controlled['p99_ms'] / alone['p99_ms']:.2f}x")
-
 
 def _gpu_uuid() -> str | None:
     """The GPU's UUID, for NVML (None without nvidia-smi: the smoke run)."""
@@ -205,7 +175,7 @@ def _gpu_uuid() -> str | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--smoke", action="store_true", help="tiny CPU run that only checks the harness")
     args = parser.parse_args()
     check = Check(1.0 if args.smoke else args.seconds, args.smoke)
@@ -213,7 +183,6 @@ def main() -> None:
     rates = check.overhead()
     check.capacity = rates["matmul"]
     check.shares(rates["matmul"], {"matmul": rates["matmul_alone"], "resnet": rates["resnet_alone"]})
-    check.latency()
     print(f"== done in {time.monotonic() - started:.0f} s")
 
 

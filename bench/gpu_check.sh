@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The GPU proof, in one command on a machine with an NVIDIA GPU and PyTorch (at most ~8 minutes):
-# builds the shim there, then runs bench/gpu_check.py (overhead; absolute shares under one
-# capacity with the closed loop on NVML: two matmuls at 30/70, two different models at 30/70, a
-# DataLoader-fed training loop at 50 %; latency p99 alone / collocated without control /
-# collocated with Dilu's control).
-#   bash bench/gpu_check.sh [--seconds 10]
+# The GPU proof, in one command on a machine with an NVIDIA GPU and PyTorch (about 8 minutes):
+# builds the shim there, runs bench/collocation.py on the GPU first (latency isolation: a
+# ResNet-18 function's p50/p99 alone, beside ResNet-34 training without control, with token-rate
+# control and with Dilu's isolation, and training's throughput in each, for two loads), then
+# bench/gpu_check.py (overhead at a 100 % share; absolute shares under one capacity with the
+# closed loop on NVML: two matmuls at 30/70, two different models at 30/70, a DataLoader-fed
+# training loop at 50 %).
+#   bash bench/gpu_check.sh [--seconds 8]       (gpu_check.py's seconds; collocation runs 5 s a case)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -23,4 +25,5 @@ case "$probe" in
   imported) echo "runtime pool: importing torch left the shim unconfigured (a spare can become any GPU instance)" ;;
   *) echo "WARNING: importing torch made the shim read its configuration ($probe): GPU spares would run ungated" ;;
 esac
+PYTHONUNBUFFERED=1 python3 bench/collocation.py --device gpu --seconds 5
 PYTHONUNBUFFERED=1 exec python3 bench/gpu_check.py "$@"

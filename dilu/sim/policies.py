@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from dilu.policy import horizontal, keepalive, vertical
+from dilu.policy import horizontal, isolation, keepalive, vertical
 from dilu.policy.scheduler import Scheduler, create_scheduler
 
 Shares = Literal["vertical", "limit", "request", "whole", "priority"]
@@ -58,8 +58,8 @@ def build_policies() -> dict[str, SimPolicy]:
 POLICY_NAMES = ("dilu", "exclusive", "mps", "infless", "horizontal-only", "tgs", "dilu-no-vertical",
                 "dilu-no-complementary")
 # The live modules the simulator calls (a test holds these to be the controller's own).
-LIVE = {"allocate": vertical.allocate, "horizontal": horizontal.decide, "keepalive": keepalive.decide,
-        "observe": keepalive.observe}
+LIVE = {"allocate": vertical.allocate, "isolate": isolation.shares_while_serving, "horizontal": horizontal.decide,
+        "keepalive": keepalive.decide, "observe": keepalive.observe}
 
 
 def parse_policies(text: str) -> list[str]:

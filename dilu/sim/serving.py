@@ -9,6 +9,9 @@ at the speed their profile gives for that share, and the functions scale.
   the size the runtime would form (``ModelProfile.batch_for``), each taking the profile's
   latency at the instance's current share; a request's latency is its wait plus its batch.
 - Contention: shares on one GPU are scaled down together when they add up past 1.
+- Isolation (Dilu's vertical shares): while a latency instance on a GPU has requests waiting or
+  in service, batch instances there keep only their floors and serving latency instances take
+  the rest up to their limits, as the shim's hold does (``dilu.policy.isolation``).
 - Shares, scaling and keep-alive follow the policy (``dilu.sim.policies``).
 - Cold start: a new instance serves ``cold_start_s`` after it is placed.
 - Training: a job progresses at its share per second (1.0 = a whole GPU alone).
@@ -24,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dilu.policy.horizontal import HorizontalContext, HorizontalParams, HorizontalState
+from dilu.policy.isolation import Occupant
 from dilu.policy.keepalive import KeepAliveParams, KeepAliveState, Verdict
 from dilu.policy.scheduler import ClusterSnapshot, PlacementRequest
 from dilu.policy.vertical import InstanceSlice, VerticalContext, VerticalParams, VerticalState
@@ -298,6 +302,10 @@ def _assign_shares(policy: SimPolicy, cluster: _Cluster, functions: dict[str, _F
             shares, states[device] = LIVE["allocate"](
                 VerticalContext(now=now, slices=slices, active=active, params=params),
                 states.get(device, VerticalState()))
+            if params.isolated:
+                occupants = tuple(Occupant(i.id, i.request.cls, i.request.sm_request, i.request.sm_limit, busy(i))
+                                  for i in running)
+                shares = LIVE["isolate"](occupants, shares)
             for instance in running:
                 instance.share = shares.get(instance.id, 0.0)
         elif policy.shares == "priority":

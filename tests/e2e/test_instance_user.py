@@ -106,6 +106,17 @@ def test_a_root_worker_that_cannot_run_instances_unprivileged_refuses_to_start(t
     assert "Traceback" not in started.stderr
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="a root worker runs each function as its own user")
+def test_a_root_worker_refuses_mps_which_serves_one_user_at_a_time(tmp_path: Path) -> None:
+    env = {**os.environ, "DILU_HOME": str(tmp_path / "home"), "DILU_GRPC_PORT": "0", "DILU_MPS": "on",
+           "DILU_FAKE_GPUS": "1", "DILU_GPUS": "none"}
+    started = subprocess.run([dilu_executable(), "up", "--port", "0"], env=env, capture_output=True, text=True,
+                             timeout=120, stdin=subprocess.DEVNULL)
+    assert started.returncode != 0
+    assert "MPS server serves one user at a time" in started.stderr, started.stderr
+    assert "Traceback" not in started.stderr
+
+
 @switching_users
 def test_gpu_instances_reach_the_token_manager_as_another_user(start_platform) -> None:  # noqa: ANN001
     build_shim()

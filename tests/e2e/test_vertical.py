@@ -58,6 +58,10 @@ def test_latency_burst_squeezes_batch_work_and_its_end_gives_the_share_back(star
     assert max(shares) < 0.75 * alone, f"batch work kept {shares} of the GPU beside a latency burst (alone {alone})"
     telemetry = platform.instances("synthetic-training")[0]["telemetry"]
     assert telemetry is not None and telemetry["granted_share"] > 0
+    # The latency instance's server told its shim when it served, and the training loop's shim
+    # held its launches meanwhile (isolation), reported with the heartbeats.
+    eventually(lambda: platform.instances("synthetic-training")[0]["telemetry"]["held_ms"] > 0, timeout=30,
+               what="the training instance's launches to have been held for the latency requests")
     described = platform.cli("describe", "synthetic-training")
     assert described.returncode == 0 and "0.5/0.75" in described.stdout, described.stdout
 
