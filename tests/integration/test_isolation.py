@@ -116,3 +116,26 @@ def test_training_keeps_its_floor_under_a_saturating_latency_load(manager: Token
     latency.kill()
     assert floor - 0.03 <= training["share"] <= floor + 0.1, \
         f"training got {training['share']:.2f} of the device beside a saturating latency load (floor {floor})"
+
+
+def test_a_latency_instance_killed_while_serving_holds_nobody(manager: TokenManager, tmp_path: Path) -> None:
+    manager.set_slice("lat", "latency", 0.5, 1.0)
+    manager.set_slice("train", "batch", 0.5, 1.0)
+    training = start_client(env(tmp_path, manager, "train"), "run", 20.0, KERNEL_BLOCKS, 0)
+
+    def charged() -> int:
+        return manager.telemetry().get("train", {}).get("tokens", 0)
+
+    eventually(lambda: charged() > 20_000, timeout=30, what="the training process to run")
+    request = start_client(env(tmp_path, manager, "lat"), "hold", tmp_path / "never", 30)
+    assert request.next_line()["stage"] == "serving"
+    request.kill()                     # its request never ends
+    eventually(lambda: "lat" not in manager.telemetry(), timeout=10, what="the manager to see the instance go")
+    resumed = charged()
+    eventually(lambda: charged() - resumed > 50 * KERNEL_BLOCKS, timeout=10, what="training to resume")
+    held, running = manager.telemetry()["train"]["held_ms"], charged()
+    eventually(lambda: charged() - running > 50 * KERNEL_BLOCKS, timeout=10, what="training to go on")
+    held_since = manager.telemetry()["train"]["held_ms"] - held
+    training.kill()
+    assert held > 0, "training was held while the request was in flight"
+    assert held_since == 0, f"training was still held {held_since} ms after the serving instance died"

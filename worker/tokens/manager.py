@@ -265,9 +265,9 @@ class TokenManager:
     def _publish_release_rules(self) -> None:
         """Writes which slots are latency work and each batch instance's window and floor for the
         next period (``dilu.policy.isolation``). Caller holds the lock."""
-        slots = self._region.slots
         if self.isolation is None:
             return
+        slots = self._region.slots
         latency = [i for i in self._instances.values() if self._slice_of(i.instance_id).cls == "latency"]
         batch = [i for i in self._instances.values() if self._slice_of(i.instance_id).cls != "latency"]
         periods = []
@@ -444,9 +444,9 @@ class TokenManager:
             if not instance.processes:
                 self._instances.pop(_instance_key(instance.instance_id, client.pid), None)
                 slot.pid = 0
-                # A latency instance that died serving must not hold anyone's launches.
+                # A latency instance that died serving must not hold anyone's launches (the next
+                # period would drop it too; this is at once).
                 self._region.header.latency_mask &= ~(1 << instance.slot)
-                slot.inflight = 0
                 self._region.wake_held()
         log.info("%s: instance %s (pid %d) left slot %d", self.gpu_uuid, instance.instance_id, client.pid,
                  instance.slot)
