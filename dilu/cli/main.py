@@ -294,7 +294,7 @@ def describe(name: str) -> None:
         out.print(f"loading: {total:.2f}s ({parts}; mean of {starts} start(s))", highlight=False)
     out.print_json(json.dumps(function["spec"]))
     table = Table("INSTANCE", "WORKER", "VERSION", "STATE", "ENDPOINT", "SLICE", "GRANTED", "USED", "KLC",
-                  "PROGRESS")
+                  "HELD", "PROGRESS")
     for i in instances:
         view = i.get("telemetry") or {}
         slice_text = f"{i['sm_request']:g}/{i['sm_limit']:g}" if i.get("sm_limit") is not None else "-"
@@ -302,6 +302,7 @@ def describe(name: str) -> None:
         table.add_row(i["id"], i["worker_id"], str(i["version"]), i["state"], i["endpoint"] or "-", slice_text,
                       number("granted_share", ".2f"), number("used_share", ".2f"),
                       f"{view['klc_ms']:g} ms" if view.get("klc_ms") is not None else "-",
+                      f"{view['held_ms']:.0f} ms" if view.get("held_ms") else "-",   # batch work held for latency work
                       f"{view['progress_per_s']:.1f}/s" if view.get("progress_per_s") is not None else "-")
     out.print(table)
     for e in events:

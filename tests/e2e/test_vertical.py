@@ -64,6 +64,9 @@ def test_latency_burst_squeezes_batch_work_and_its_end_gives_the_share_back(star
                what="the training instance's launches to have been held for the latency requests")
     described = platform.cli("describe", "synthetic-training")
     assert described.returncode == 0 and "0.5/0.75" in described.stdout, described.stdout
+    row = next(line for line in described.stdout.splitlines() if "synthetic-training-" in line and "│" in line)
+    held = row.split("│")[10].strip()   # the HELD column: time its launches waited for latency work
+    assert held.endswith(" ms") and int(held.split()[0]) > 0, described.stdout
 
     eventually(lambda: training_share(platform) > 0.6, timeout=30,
                what="the training loop to get its share back after the burst")
