@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from worker.tokens.manager import TokenManager, socket_path_for
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIM_DIR = ROOT / "shim"
@@ -15,6 +21,24 @@ BUILD = SHIM_DIR / "build"
 CLIENT = Path(__file__).resolve().parent / "fixtures" / "shim_client.py"
 NS_PER_BLOCK = 1000
 CAPACITY = 1e9 / NS_PER_BLOCK  # tokens (blocks) per second of the fake device
+
+
+@contextlib.contextmanager
+def running_manager(tmp_path: Path, name: str = "GPU-test", capacity_per_s: float = CAPACITY,
+                    **options: Any) -> Iterator[TokenManager]:
+    """A token manager whose period loop runs in this (test) process. That heap holds every
+    module the test session imported: a full garbage collection there could stall the loop for
+    tens of ms, which is not what the tests measure, so what is there now is frozen meanwhile."""
+    gc.collect()
+    gc.freeze()
+    manager = TokenManager(gpu_uuid=name, socket_path=socket_path_for(tmp_path, name), capacity_per_s=capacity_per_s,
+                           **options)
+    manager.start()
+    try:
+        yield manager
+    finally:
+        manager.stop()
+        gc.unfreeze()
 
 
 def build_shim() -> None:

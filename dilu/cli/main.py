@@ -483,7 +483,17 @@ def spec_check(file: Path) -> None:
 
 
 def main() -> None:
+    from pydantic import ValidationError
+
     try:
         app()
     except KeyboardInterrupt:
         sys.exit(130)
+    except ValidationError as exc:
+        if not exc.title.endswith("Settings"):
+            raise
+        # A DILU_* variable out of its range: name it, as a command's own errors do.
+        problems = "; ".join(f"DILU_{'_'.join(map(str, e['loc'])).upper()}={e.get('input')!r}: {e['msg']}"
+                             for e in exc.errors())
+        err.print(styled("error:", "red", f" invalid setting: {problems}"), soft_wrap=True)
+        sys.exit(2)

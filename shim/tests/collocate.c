@@ -18,20 +18,11 @@
  * time.monotonic() reads them.
  */
 #define _GNU_SOURCE
-#define __CUDA_API_VERSION_INTERNAL 1
-#include <cuda.h>
-#include <dlfcn.h>
 #include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-typedef CUresult (*gpa_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
-typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                              CUstream, void **, void **);
-typedef CUresult (*sync_fn)(void);
-typedef CUresult (*init_fn)(unsigned);
+#include "driver_client.h"
+
 typedef void (*request_fn)(void);
 
 static struct {
@@ -40,26 +31,10 @@ static struct {
     request_fn begin, end;
 } cu;
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 static void sleep_until(double at) {
     struct timespec ts = {.tv_sec = (time_t)at, .tv_nsec = (long)((at - (double)(time_t)at) * 1e9)};
     while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) != 0) {
     }
-}
-
-static void *get(gpa_fn gpa, const char *name, int version) {
-    void *fn = NULL;
-    CUdriverProcAddressQueryResult status;
-    if (gpa(name, &fn, version, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &status) != CUDA_SUCCESS || fn == NULL) {
-        fprintf(stderr, "collocate: %s not available\n", name);
-        exit(2);
-    }
-    return fn;
 }
 
 static void kernels(int count, unsigned blocks) {
@@ -123,6 +98,7 @@ static int serve(int argc, char **argv) {
         }
     } else {
         double gap = atof(argv[6]) / 1e6;
+        started = now_s();
         for (int i = 0; i < requests; i++) {
             double arrival = now_s();
             begin_request();
@@ -177,15 +153,10 @@ int main(int argc, char **argv) {
         return 2;
     }
     setvbuf(stdout, NULL, _IOLBF, 0);   /* progress lines survive a SIGTERM */
-    void *driver = dlopen("libcuda.so.1", RTLD_NOW);
-    if (driver == NULL) {
-        fprintf(stderr, "collocate: %s\n", dlerror());
-        return 2;
-    }
-    gpa_fn gpa = (gpa_fn)dlsym(driver, "cuGetProcAddress_v2");
-    ((init_fn)get(gpa, "cuInit", 2000))(0);
-    cu.launch = (launch_fn)get(gpa, "cuLaunchKernel", 12000);
-    cu.synchronize = (sync_fn)get(gpa, "cuCtxSynchronize", 2000);
+    gpa_fn gpa = NULL;
+    open_driver("collocate", &gpa);
+    cu.launch = (launch_fn)driver_entry(gpa, "collocate", "cuLaunchKernel", 12000);
+    cu.synchronize = (sync_fn)driver_entry(gpa, "collocate", "cuCtxSynchronize", 2000);
     cu.begin = (request_fn)dlsym(RTLD_DEFAULT, "dilu_request_begin");   /* the shim's, when preloaded */
     cu.end = (request_fn)dlsym(RTLD_DEFAULT, "dilu_request_end");
     return strcmp(argv[1], "serve") == 0 ? serve(argc, argv) : train(argv);

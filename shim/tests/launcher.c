@@ -7,50 +7,19 @@
  *   launcher run SECONDS BLOCKS SYNC   launch for SECONDS, synchronising every SYNC launches
  *   launcher trace SECONDS BLOCKS MS   launch for SECONDS, printing (time, cumulative device ns) every MS
  */
-#define __CUDA_API_VERSION_INTERNAL 1
-#include <cuda.h>
-#include <dlfcn.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-typedef CUresult (*gpa_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
-typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                              CUstream, void **, void **);
-typedef CUresult (*sync_fn)(void);
-typedef CUresult (*init_fn)(unsigned);
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static void *get(gpa_fn gpa, const char *name, int version) {
-    void *fn = NULL;
-    CUdriverProcAddressQueryResult status;
-    if (gpa(name, &fn, version, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &status) != CUDA_SUCCESS || fn == NULL) {
-        fprintf(stderr, "launcher: %s not available\n", name);
-        exit(2);
-    }
-    return fn;
-}
+#include "driver_client.h"
 
 int main(int argc, char **argv) {
     if (argc < 4) {
         fprintf(stderr, "usage: launcher count N BLOCKS | run SECONDS BLOCKS SYNC | trace SECONDS BLOCKS MS\n");
         return 2;
     }
-    void *driver = dlopen("libcuda.so.1", RTLD_NOW);
-    if (driver == NULL) {
-        fprintf(stderr, "launcher: %s\n", dlerror());
-        return 2;
-    }
-    gpa_fn gpa = (gpa_fn)dlsym(driver, "cuGetProcAddress_v2");
-    ((init_fn)get(gpa, "cuInit", 2000))(0);
-    launch_fn launch = (launch_fn)get(gpa, "cuLaunchKernel", 12000);
-    sync_fn synchronize = (sync_fn)get(gpa, "cuCtxSynchronize", 2000);
+    gpa_fn gpa = NULL;
+    void *driver = open_driver("launcher", &gpa);
+    launch_fn launch = (launch_fn)driver_entry(gpa, "launcher", "cuLaunchKernel", 12000);
+    sync_fn synchronize = (sync_fn)driver_entry(gpa, "launcher", "cuCtxSynchronize", 2000);
     volatile long long *device_ns = dlsym(driver, "dilu_fake_device_ns");
     CUfunction kernel = (CUfunction)"kernel";
     unsigned blocks = (unsigned)atoi(argv[3]);

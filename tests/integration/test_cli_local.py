@@ -61,3 +61,12 @@ def test_a_taken_port_is_a_clear_error(tmp_path: Path) -> None:
                                     env={**os.environ, "DILU_HOME": str(tmp_path), "DILU_PORT": port})
             assert result.returncode == 1, (role, result.stderr)
             assert f"cannot listen on 127.0.0.1:{port}" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_setting_out_of_range_is_named_not_a_traceback(tmp_path: Path) -> None:
+    env = {**os.environ, "DILU_HOME": str(tmp_path), "DILU_MPS": "maybe", "DILU_ISOLATION_WINDOW_US": "-1"}
+    result = subprocess.run([dilu_executable(), "up", "--port", "0"], capture_output=True, text=True, timeout=60,
+                            env=env, stdin=subprocess.DEVNULL)
+    assert result.returncode == 2
+    assert "DILU_MPS='maybe': Input should be 'off' or 'on'" in result.stderr, result.stderr
+    assert "DILU_ISOLATION_WINDOW_US='-1'" in result.stderr and "Traceback" not in result.stderr

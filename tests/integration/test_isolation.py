@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.shim_harness import build_shim, client_env, start_client
+from tests.shim_harness import build_shim, client_env, running_manager, start_client
 from tests.waiting import eventually
-from worker.tokens.manager import TokenManager, socket_path_for
+from worker.tokens.manager import TokenManager
 
-KERNEL_BLOCKS = 300          # 300 us of device time per training kernel (1 us per block)
+KERNEL_BLOCKS = 300          # 300 us of device time per training kernel (1 us per block, 1e6 tokens/s)
 TIME_SLICED = {"DILU_FAKE_SCHED": "timeslice"}
 
 
@@ -22,16 +22,8 @@ def _built() -> None:
 
 @pytest.fixture
 def manager(tmp_path: Path):  # noqa: ANN201
-    import gc
-
-    gc.collect()
-    gc.freeze()              # the period loop runs in this process: no long collections (see test_shim)
-    started = TokenManager(gpu_uuid="GPU-isolation", socket_path=socket_path_for(tmp_path, "GPU-isolation"),
-                           capacity_per_s=1e6)
-    started.start()
-    yield started
-    started.stop()
-    gc.unfreeze()
+    with running_manager(tmp_path, "GPU-isolation") as started:
+        yield started
 
 
 def env(tmp_path: Path, manager: TokenManager, instance: str) -> dict[str, str]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.shim_harness import BUILD, CAPACITY, build_shim, client_env, start_client
+from tests.shim_harness import BUILD, CAPACITY, build_shim, client_env, running_manager, start_client
 from tests.waiting import eventually
 from worker.tokens.manager import TokenManager, socket_path_for
 
@@ -18,20 +18,8 @@ def _built() -> None:
 
 @pytest.fixture
 def manager(tmp_path: Path):  # noqa: ANN201
-    import gc
-
-    # The manager's period loop runs in this (test) process, whose heap holds every module the
-    # test session imported: a full garbage collection there can stall the loop for tens of ms,
-    # which is not what these tests measure. (Keeping the loop out of a shared interpreter in
-    # production is tracked separately.)
-    gc.collect()
-    gc.freeze()
-    started = TokenManager(gpu_uuid="GPU-test", socket_path=socket_path_for(tmp_path, "GPU-test"),
-                           capacity_per_s=CAPACITY)
-    started.start()
-    yield started
-    started.stop()
-    gc.unfreeze()
+    with running_manager(tmp_path) as started:
+        yield started
 
 
 def test_every_launch_path_is_intercepted(tmp_path: Path) -> None:
