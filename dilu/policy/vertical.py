@@ -9,9 +9,10 @@ with which instances launched work in the period that ended; time is passed in.
   baseline, and stretch = cycle / baseline.
 - Batch instances share what recently active latency work's requests leave, by request, capped
   at their limits, times the batch factor. With ``isolated`` (the shim holds batch work while
-  latency work is served: ``dilu.policy.isolation``) latency requests are not set aside: batch
-  instances share the whole device by request up to their limits, times the batch factor, and
-  get in fact what latency work leaves.
+  latency work is served: ``dilu.policy.isolation``) neither applies to their token rates:
+  batch instances share the whole device by request up to their limits and get in fact what
+  latency work leaves; the batch factor then shrinks the work they may have queued when a
+  request arrives (their window), which is what stands in a latency request's way.
 - Latency instances get their limit when nothing else is active on the GPU; under contention
   their request plus whatever batch work leaves unused (up to the limit), so cutting batch work
   speeds latency work up. A stretch >= ``emergency_stretch`` (``llm_emergency_stretch``
@@ -156,7 +157,8 @@ def allocate(ctx: VerticalContext, state: VerticalState) -> tuple[dict[str, floa
         total_weight = sum(weights.values()) or 1.0
         for item in batch:
             fair = min(item.limit, pool * weights[item.instance_id] / total_weight)
-            shares[item.instance_id] = max(params.batch_floor * item.request, fair * factor)
+            squeeze = 1.0 if params.isolated else factor    # isolated: the factor bounds the window instead
+            shares[item.instance_id] = max(params.batch_floor * item.request, fair * squeeze)
 
     # Latency work is guaranteed its request and takes what batch work leaves, up to its limit;
     # alone on the GPU it gets its limit.

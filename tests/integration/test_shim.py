@@ -181,8 +181,14 @@ def test_captured_launches_are_not_charged_until_the_graph_runs(manager: TokenMa
     assert "graph costs 1000 tokens per replay" in client.stderr
 
 
-def test_klc_emergency_squeezes_batch_work_and_its_end_gives_the_share_back(
-        manager: TokenManager, tmp_path: Path) -> None:
+def test_klc_emergency_squeezes_batch_work_and_its_end_gives_the_share_back(tmp_path: Path) -> None:
+    """Token-rate control alone (isolation off): the squeeze is on batch work's rate. (With
+    isolation the batch factor bounds its queued work instead: tests/unit/test_isolation.py.)"""
+    with running_manager(tmp_path, isolation=None) as manager:
+        _klc_squeeze(manager, tmp_path)
+
+
+def _klc_squeeze(manager: TokenManager, tmp_path: Path) -> None:
     manager.set_slice("lat", "latency", 0.5, 1.0)
     manager.set_slice("train", "batch", 0.5, 1.0)
     # Request-like bursts: 40 kernels of 1 ms device time each, then 100 ms idle.

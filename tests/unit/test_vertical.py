@@ -51,12 +51,14 @@ def test_contention_gives_latency_its_request_and_batch_the_rest() -> None:
 
 def test_isolated_batch_work_is_not_set_aside_for_latency_requests() -> None:
     """The shim holds batch launches while latency work is served, so batch takes up to its limit
-    between requests; a KLC emergency still squeezes it."""
+    between requests; a KLC emergency still cuts the batch factor, which then bounds the work
+    batch may have queued (dilu.policy.isolation), not its rate."""
     clock = Clock([LAT, BATCH], params=ISOLATED).run(1, {"lat", "batch"})
     assert clock.shares == {"lat": pytest.approx(0.4), "batch": pytest.approx(0.9)}
     clock = Clock([LAT, BATCH], params=ISOLATED).cycle(10, also={"batch"})
     clock.run(20, {"lat", "batch"}).run(ISOLATED.idle_gap_periods, {"batch"})   # a cycle stretched 2x
-    assert clock.run(1, {"lat", "batch"}).shares["batch"] == pytest.approx(0.45)
+    assert clock.state.batch_factor == pytest.approx(0.5)
+    assert clock.run(1, {"lat", "batch"}).shares["batch"] == pytest.approx(0.9)
 
 
 def test_batch_alone_after_latency_idleness_uses_its_limit() -> None:
