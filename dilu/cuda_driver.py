@@ -3,7 +3,7 @@
 It reaches entry points the way the CUDA runtime does (``cuGetProcAddress_v2``), so under the
 kernel-token shim every launch is gated exactly as PyTorch's would be. With the fake
 ``libcuda.so.1`` from ``shim/`` it runs on machines without a GPU; the fake's counters
-(``device_ns``, ``launch_count``, ``ptsz_calls``) are exposed when present.
+(``device_ns``, ``launch_count``, ``ptsz_calls``, ``peak_outstanding_ns``) are exposed when present.
 """
 
 from __future__ import annotations

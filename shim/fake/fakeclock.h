@@ -21,7 +21,7 @@ struct fake_process_time {
     int64_t busy_ns;   /* device time of this process's kernels (queued: fifo; executed: timeslice) */
     int64_t queued_ns; /* work submitted so far (timeslice) */
     int64_t done_ns;   /* work executed so far (timeslice) */
-    int64_t peak_outstanding_ns; /* most submitted-but-unfinished work seen right after a submit */
+    int64_t peak_outstanding_ns; /* most unfinished work right after a submit (fifo: until its end) */
     int64_t reserved2[3];
 };
 
