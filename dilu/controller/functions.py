@@ -22,20 +22,18 @@ from dilu.controller.profiling import ProfilingJobs
 from dilu.db import repo
 from dilu.db.models import FunctionRow, InstanceRow, ProfileRow
 from dilu.messages import ACTIVE_STATES, READY, FunctionActivity, FunctionStatus, InstanceRole, WorkerInfo
-from dilu.policy.horizontal import HorizontalContext, HorizontalParams, HorizontalState
-from dilu.policy.horizontal import decide as decide_horizontal
-from dilu.policy.keepalive import KeepAliveParams, KeepAliveState, observe
-from dilu.policy.keepalive import decide as decide_keepalive
+from dilu.policy.autoscale import ScalingInputs, ScalingParams, ScalingState, observe_second, plan
+from dilu.policy.horizontal import HorizontalParams
+from dilu.policy.keepalive import KeepAliveParams
 from dilu.policy.node_keepalive import releasable
-from dilu.policy.replicas import ReplicaContext, desired_instances
+from dilu.policy.replicas import ReplicaDecision
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class _FunctionMemory:
-    horizontal: HorizontalState = field(default_factory=HorizontalState)
-    keepalive: KeepAliveState = field(default_factory=KeepAliveState)
+    scaling: ScalingState = field(default_factory=ScalingState)
     last_second_seen: int = 0
 
 
@@ -44,10 +42,12 @@ class FunctionManager:
         self.ctx = ctx
         self.actuator = actuator
         self.settings = settings
-        self.horizontal_params = HorizontalParams(settings.horizontal_interval_s, settings.horizontal_window,
-                                                  settings.horizontal_out_samples, settings.horizontal_in_samples)
-        self.keepalive_params = KeepAliveParams(min_samples=settings.keepalive_min_samples,
-                                                min_unload_s=settings.keepalive_min_unload_s)
+        self.params = ScalingParams(
+            HorizontalParams(settings.horizontal_interval_s, settings.horizontal_window,
+                             settings.horizontal_out_samples, settings.horizontal_in_samples,
+                             settings.horizontal_trend_samples),
+            KeepAliveParams(min_samples=settings.keepalive_min_samples, min_unload_s=settings.keepalive_min_unload_s,
+                            cold_start_worth_gb_s=settings.keepalive_cold_start_worth_gb_s))
         self._memory: dict[str, _FunctionMemory] = {}
         self.profiling = ProfilingJobs(ctx, actuator, settings)
 
@@ -87,44 +87,34 @@ class FunctionManager:
 
     def _decide(self, function: FunctionRow, rows: list[InstanceRow], current: list[InstanceRow],
                 profile: ProfileRow | None, activity: FunctionActivity, telemetry: dict,
-                memory: _FunctionMemory):  # noqa: ANN202
+                memory: _FunctionMemory) -> ReplicaDecision:
         spec, now = function.typed_spec, time.time()
         scaling = spec.scaling
         # Idle times come from the per-second request counts: every gap between two seconds with
         # requests is one (1 s resolution: consecutive busy seconds are a gap of one second).
         for second in sorted(s for s, count in activity.requests.items() if count and s > memory.last_second_seen
                              and s < int(now)):
-            memory.keepalive = observe(memory.keepalive, float(second), self.keepalive_params)
+            memory.scaling = observe_second(memory.scaling, float(second), self.params)
             memory.last_second_seen = second
-        lazy, lazy_reason = None, ""
         throughput = profile.throughput_per_s if profile is not None and profile.status == "done" else None
-        if throughput and function.status == FunctionStatus.READY:
-            # The newest second every gateway has flushed (a flush period late, and as much again
-            # for a busy gateway): the second just ended still lacks the counts of its last flush.
-            flushed = int(now - 2 * self.settings.stats_flush_s) - 1
-            ctx = HorizontalContext(now, len(current), scaling.min_instances, scaling.max_instances,
-                                    float(activity.requests.get(flushed, 0)), throughput,
-                                    queued=activity.queued, at_vertical_limit=_at_limits(current, telemetry),
-                                    params=self.horizontal_params, in_flight=activity.in_flight,
-                                    latency_target_s=spec.slo.p99_ms / 1000)
-            horizontal, memory.horizontal = decide_horizontal(ctx, memory.horizontal)
-            lazy, lazy_reason = horizontal.desired, horizontal.reason
+        # The newest second every gateway has flushed (a flush period late, and as much again for
+        # a busy gateway): the second just ended still lacks the counts of its last flush.
+        flushed = int(now - 2 * self.settings.stats_flush_s) - 1
         became_ready = function.updated_at.timestamp() if function.status == FunctionStatus.READY else None
         last_active = max([t for t in (activity.last_request_at, became_ready) if t is not None], default=None)
-        idle_s = math.inf if last_active is None else max(0.0, now - last_active)
-        keep = decide_keepalive(memory.keepalive, idle_s, fixed_keep_alive_s=scaling.keep_alive_s,
-                                cold_start_s=cold_start_estimate(rows, function.version,
-                                                                 self.settings.cold_start_default_s),
-                                params=self.keepalive_params)
-        return desired_instances(ReplicaContext(
-            status=function.status, min_instances=scaling.min_instances,
-            max_instances=scaling.max_instances, current=len(current),
-            starting=sum(1 for r in current if r.state != READY),
+        decision, memory.scaling = plan(ScalingInputs(
+            now=now, current=len(current), min_instances=scaling.min_instances, max_instances=scaling.max_instances,
+            status=function.status, starting=sum(1 for r in current if r.state != READY),
             in_flight=activity.in_flight, queued=activity.queued,
-            concurrency_per_instance=2 * spec.batching.max_batch_size, lazy_desired=lazy,
-            lazy_reason=lazy_reason, keep=keep.verdict, keep_reason=keep.reason,
+            concurrency_per_instance=2 * spec.batching.max_batch_size,
+            rate_per_s=float(activity.requests.get(flushed, 0)), throughput_per_instance=throughput,
+            at_vertical_limit=_at_limits(current, telemetry), latency_target_s=spec.slo.p99_ms / 1000,
+            idle_s=math.inf if last_active is None else max(0.0, now - last_active),
+            cold_start_s=cold_start_estimate(rows, function.version, self.settings.cold_start_default_s),
+            keep_alive_s=scaling.keep_alive_s, memory_gb=spec.resources.memory / 2**30,
             expected=activity.expected_until is not None and activity.expected_until > now,
-            release_idle=releasable(activity.release_idle_until, activity.direct_at, now)))
+            release_idle=releasable(activity.release_idle_until, activity.direct_at, now)), memory.scaling, self.params)
+        return decision
 
     def forget_except(self, current: set[tuple[str, int]]) -> None:
         """Drops the policy state and the profiling jobs of functions (versions) that no longer exist."""

@@ -26,6 +26,7 @@ class HorizontalParams:
     window: int = 40
     out_samples: int = 20
     in_samples: int = 30
+    trend_samples: int = 2     # this many newest samples over, backlog growing: scale out now (0: off)
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,12 @@ def decide(ctx: HorizontalContext, state: HorizontalState) -> tuple[ScaleDecisio
         return sample.rate_per_s < instances * capacity and sample.outstanding <= instances * holds
 
     above = [s for s in samples if over(s, ctx.current)]
-    if len(above) >= params.out_samples and ctx.current < ctx.max_instances:
+    recent = samples[-params.trend_samples:] if params.trend_samples else ()
+    rising = len(recent) == params.trend_samples > 0 and over(recent[-1], ctx.current) and \
+        all(b.outstanding > a.outstanding for a, b in zip(recent, recent[1:]))
+    if rising:
+        above = [recent[-1]]
+    if (rising or len(above) >= params.out_samples) and ctx.current < ctx.max_instances:
         if not ctx.at_vertical_limit:
             return ScaleDecision(ctx.current, "overloaded, but instances still have vertical headroom"), state
         # Sized by the median rate over; an overload seen only as a backlog adds one instance.

@@ -112,7 +112,8 @@ class Occupant:
 def shares_while_serving(occupants: tuple[Occupant, ...], free_shares: dict[str, float],
                          params: IsolationParams = IsolationParams()) -> dict[str, float]:
     """Device shares while at least one latency instance serves: batch instances keep only their
-    floors, serving latency instances split the rest up to their limits, idle ones get nothing.
+    floors, serving latency instances split the rest in proportion to their limits (the shim does
+    not gate them while they serve, so one alone has the device), idle ones get nothing.
     With no latency instance serving, ``free_shares`` (the vertical scaler's) stand."""
     if not any(o.cls == "latency" and o.serving for o in occupants):
         return dict(free_shares)
@@ -121,8 +122,7 @@ def shares_while_serving(occupants: tuple[Occupant, ...], free_shares: dict[str,
     shares = {o.instance_id: min(free_shares.get(o.instance_id, 0.0), floor_of(o.request, params)) for o in batch}
     left = max(0.0, 1.0 - sum(shares.values()))
     wanted = sum(o.limit for o in serving) or 1.0
-    scale = min(1.0, left / wanted)
     for item in occupants:
         if item.cls == "latency":
-            shares[item.instance_id] = item.limit * scale if item.serving else 0.0
+            shares[item.instance_id] = left * item.limit / wanted if item.serving else 0.0
     return shares

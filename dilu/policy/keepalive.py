@@ -37,6 +37,8 @@ class KeepAliveParams:
     burst_s: float = 2.0          # idle less than this is inside a burst
     lead_s: float = 1.0           # pre-warm this much earlier than the cold start alone needs
     min_unload_s: float = 10.0    # unload only when the instance would stay unloaded this long
+    min_later: int = 3            # idle times longer than the current one needed to predict from them
+    cold_start_worth_gb_s: float = 1800.0   # idle memory (GB x s) one avoided cold start is worth
 
 
 @dataclass(frozen=True)
@@ -78,16 +80,18 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def decide(state: KeepAliveState, idle_s: float, *, fixed_keep_alive_s: float, cold_start_s: float,
-           params: KeepAliveParams = KeepAliveParams()) -> KeepAliveDecision:
-    """What to do with a function that has been idle for ``idle_s`` (no request waiting)."""
+           params: KeepAliveParams = KeepAliveParams(), memory_gb: float = 0.0) -> KeepAliveDecision:
+    """What to do with a function that has been idle for ``idle_s`` (no request waiting); an
+    instance holds ``memory_gb`` while it waits (0: holding is taken to cost nothing, so the
+    histogram alone decides)."""
     idle = list(state.idle_times)
     if len(idle) < params.min_samples:
         return _fixed(idle_s, fixed_keep_alive_s, f"{len(idle)} idle times so far")
     if idle_s < params.burst_s:
         return KeepAliveDecision(Verdict.HOLD, "histogram", "inside a burst")
     later = [t for t in idle if t > idle_s]
-    if not later:
-        return _fixed(idle_s, fixed_keep_alive_s, f"longer than all {len(idle)} idle times seen")
+    if len(later) < params.min_later:
+        return _fixed(idle_s, fixed_keep_alive_s, f"longer than all but {len(later)} of {len(idle)} idle times seen")
     head = percentile(later, params.head_percentile)
     lead = cold_start_s * (1 + params.margin) + params.lead_s
     if head - idle_s <= lead:
@@ -96,6 +100,12 @@ def decide(state: KeepAliveState, idle_s: float, *, fixed_keep_alive_s: float, c
     if head - idle_s <= lead + params.min_unload_s:
         return KeepAliveDecision(Verdict.HOLD, "histogram", f"next request due in {head - idle_s:.1f}s: "
                                                             "too soon to unload")
+    # Unloading risks a cold start whenever the histogram is wrong; it pays only when the memory
+    # an instance would hold until the expected next request is worth more than that start.
+    expected = sum(later) / len(later) - idle_s
+    if memory_gb > 0 and expected * memory_gb < params.cold_start_worth_gb_s:
+        return KeepAliveDecision(Verdict.HOLD, "histogram", f"next request expected in {expected:.0f}s: holding "
+                                                            f"{memory_gb:g} GB is cheaper than a cold start")
     return KeepAliveDecision(Verdict.UNLOAD, "histogram", f"next request not due for {head - idle_s:.1f}s; "
                                                           f"pre-warm at {head - lead:.1f}s idle")
 

@@ -2,9 +2,9 @@
 
 Nothing here decides anything itself: placement is a live ``Scheduler`` (built from the same
 profiles and plugins the controller uses), shares come from ``dilu.policy.vertical.allocate``
-or a fixed rule, horizontal scaling from ``dilu.policy.horizontal.decide`` (lazy) or the
-conventional rule of scaling to the current rate at once (eager), scale-to-zero from
-``dilu.policy.keepalive.decide`` (its histogram, or its fixed keep-alive path).
+or a fixed rule; the instance count from ``dilu.policy.autoscale.plan``, the controller's own
+composition of horizontal scaling (lazy, or for the baselines the conventional rule of scaling to
+the current rate at once) and keep-alive (its histogram, or its fixed path).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from dilu.policy import horizontal, isolation, keepalive, vertical
+from dilu.policy import autoscale, isolation, vertical
 from dilu.policy.scheduler import Scheduler, create_scheduler
 
 Shares = Literal["vertical", "limit", "request", "whole", "priority"]
@@ -58,8 +58,8 @@ def build_policies() -> dict[str, SimPolicy]:
 POLICY_NAMES = ("dilu", "exclusive", "mps", "infless", "horizontal-only", "tgs", "dilu-no-vertical",
                 "dilu-no-complementary")
 # The live modules the simulator calls (a test holds these to be the controller's own).
-LIVE = {"allocate": vertical.allocate, "isolate": isolation.shares_while_serving, "horizontal": horizontal.decide,
-        "keepalive": keepalive.decide, "observe": keepalive.observe}
+LIVE = {"allocate": vertical.allocate, "isolate": isolation.shares_while_serving, "plan": autoscale.plan,
+        "observe": autoscale.observe_second}
 
 
 def parse_policies(text: str) -> list[str]:

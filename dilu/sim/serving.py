@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dilu.policy.horizontal import HorizontalContext, HorizontalParams, HorizontalState
+from dilu.policy.autoscale import ScalingInputs, ScalingParams, ScalingState
 from dilu.policy.isolation import Occupant
-from dilu.policy.keepalive import KeepAliveParams, KeepAliveState, Verdict
+from dilu.policy.keepalive import KeepAliveParams
 from dilu.policy.scheduler import ClusterSnapshot, PlacementRequest
 from dilu.policy.vertical import InstanceSlice, VerticalContext, VerticalParams, VerticalState
 from dilu.sim.models import MODELS, ModelProfile, load_model
@@ -36,7 +36,7 @@ from dilu.sim.placement import GiB, empty_cluster
 from dilu.sim.policies import LIVE, SimPolicy
 
 REQUEST_TIMEOUT_S = 30.0      # a request waiting longer is dropped (and counted as a violation)
-FIXED_KEEPALIVE = KeepAliveParams(min_samples=10**9)   # the live policy's fixed keep-alive path
+FIXED_KEEPALIVE = ScalingParams(keepalive=KeepAliveParams(min_samples=10**9))   # keep-alive's fixed path
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,7 @@ class ServingSetup:
     keep_alive_s: float = 60.0
     max_instances: int = 8
     duration_s: float | None = None       # default: the trace's length
+    deployed: bool = True                 # each function starts with the instance its deploy verified
 
 
 @dataclass
@@ -64,7 +65,8 @@ class ServingResult:
     served: int = 0
     violations: int = 0                   # over the SLO, dropped, or left waiting at the end
     latencies: list[float] = field(default_factory=list)
-    cold_starts: int = 0
+    cold_starts: int = 0                  # starts a request waited for: it came when none was ready
+    starts: int = 0                       # every instance start (on demand, scale-out, pre-warm)
     unplaced: int = 0                     # instance starts no GPU could take
     training_progress: float = 0.0        # summed over jobs, in whole-GPU seconds
     gpu_seconds: float = 0.0
@@ -95,10 +97,10 @@ class _Function:
     next_arrival: int = 0
     queue: deque = field(default_factory=deque)
     instances: list[_Instance] = field(default_factory=list)
-    horizontal: HorizontalState = field(default_factory=HorizontalState)
-    keepalive: KeepAliveState = field(default_factory=KeepAliveState)
+    scaling: ScalingState = field(default_factory=ScalingState)
     last_second: int = 0                  # arrivals in the second that just ended
     low_since: float | None = None        # eager scale-in: since when fewer would do
+    cold: bool = False                    # a request arrived while no instance was ready
 
 
 def sim_vertical_params(tick_s: float) -> VerticalParams:
@@ -118,7 +120,11 @@ def _arrivals_for(setup: ServingSetup, model: ModelProfile, position: int, durat
     rng = np.random.default_rng(position)
     factor = target / busy_rate
     copies = int(math.ceil(factor))
-    shifted = [(trace + (position * length / max(len(setup.models), 1)) + k * 1e-4) % length for k in range(copies)]
+    offset = position * length / max(len(setup.models), 1)
+    # Each copy's requests move by up to a second, independently: copies stacked in step would
+    # arrive in clumps of ``copies`` requests at one instant, which no population of clients does.
+    jitter = (lambda: rng.random(len(trace))) if copies > 1 else (lambda: 0.0)
+    shifted = [(trace + offset + jitter()) % length for _ in range(copies)]
     times = np.sort(np.concatenate(shifted))
     times = times[rng.random(len(times)) < factor / copies]
     return times[times < duration]
@@ -167,7 +173,7 @@ def simulate_serving(policy: SimPolicy, setup: ServingSetup,
     result = ServingResult(duration_s=duration)
     vertical_params = sim_vertical_params(setup.tick_s)
     vertical_states: dict[int, VerticalState] = {}
-    horizontal_params = HorizontalParams(interval_s=1.0, window=10, out_samples=3, in_samples=8)
+    scaling_params = ScalingParams()
     request_ms, limit_ms = setup.training_slice
     trainings = []
     for j in range(setup.trainings):
@@ -195,11 +201,16 @@ def simulate_serving(policy: SimPolicy, setup: ServingSetup,
             result.unplaced += 1
             return
         fn.instances.append(instance)
-        result.cold_starts += 1
+        result.starts += 1
 
     def stop(fn: _Function, instance: _Instance) -> None:
         fn.instances.remove(instance)
         cluster.remove(instance)
+
+    if setup.deployed:   # a deploy starts one instance to verify it, before any request
+        for fn in functions.values():
+            start(fn, -setup.cold_start_s)
+        result.starts = 0
 
     ticks = int(duration / setup.tick_s)
     per_second = max(1, int(round(1.0 / setup.tick_s)))
@@ -214,11 +225,16 @@ def simulate_serving(policy: SimPolicy, setup: ServingSetup,
             while fn.queue and now - fn.queue[0] > REQUEST_TIMEOUT_S:
                 fn.queue.popleft()
                 result.violations += 1
+            ready = any(now >= i.ready_at for i in fn.instances)
+            if fn.cold and ready:      # the start that request waited for is over
+                result.cold_starts += 1
+                fn.cold = False
+            fn.cold = fn.cold or (bool(fn.queue) and not ready)
             if fn.queue and not fn.instances:          # a request waits: start one at once
                 start(fn, now)
         if tick % per_second == 0:
             for fn in functions.values():
-                _scale(policy, setup, fn, now, horizontal_params, start, stop, cluster.full)
+                _scale(policy, setup, fn, now, scaling_params, start, stop, cluster.full)
         _assign_shares(policy, cluster, functions, now, vertical_params, vertical_states)
         for fn in functions.values():
             _serve(fn, now, setup.tick_s, result)
@@ -232,56 +248,56 @@ def simulate_serving(policy: SimPolicy, setup: ServingSetup,
                 progress(1.0)
     for fn in functions.values():
         result.violations += len(fn.queue) + (len(fn.arrivals) - fn.next_arrival)
+        result.cold_starts += fn.cold
     return result
 
 
-def _scale(policy: SimPolicy, setup: ServingSetup, fn: _Function, now: float, params: HorizontalParams,
+def _scale(policy: SimPolicy, setup: ServingSetup, fn: _Function, now: float, params: ScalingParams,
            start: Callable, stop: Callable, device_full: Callable[[int], bool]) -> None:
-    """Once a second: horizontal scaling, then keep-alive (scale to zero, pre-warming)."""
+    """Once a second: the controller's own composition (``dilu.policy.autoscale.plan``) decides the
+    count, from the lazy scaler or, for the baselines, their count for the last second's rate."""
     model, p = fn.model, fn.model.profile
     rate = int(np.searchsorted(fn.arrivals, now) - np.searchsorted(fn.arrivals, now - 1.0))
     if rate:
-        fn.keepalive = LIVE["observe"](fn.keepalive, now)
+        fn.scaling = LIVE["observe"](fn.scaling, now, params)
     current = len(fn.instances)
-    if policy.horizontal == "lazy":
-        # No vertical headroom: at the limit, or on a GPU with nothing left to give.
-        at_limit = all(now < i.ready_at or i.share >= 0.95 * i.request.sm_limit or device_full(i.device)
-                       for i in fn.instances) if policy.shares == "vertical" else True
-        throughput = model.capacity(p.sm_request)
-        decision, fn.horizontal = LIVE["horizontal"](HorizontalContext(
-            now=now, current=current, min_instances=0, max_instances=setup.max_instances, rate_per_s=rate,
-            throughput_per_instance=throughput, queued=len(fn.queue), at_vertical_limit=at_limit, params=params),
-            fn.horizontal)
-        desired = decision.desired
-    else:   # eager: as many instances as the last second's rate needs at the fixed share
-        share = {"limit": p.sm_limit, "request": p.sm_request, "whole": 1.0, "priority": p.sm_limit}[policy.shares]
-        needed = min(setup.max_instances, math.ceil(rate / model.capacity(share))) if rate else current
-        if needed < current:
-            fn.low_since = fn.low_since if fn.low_since is not None else now
-            desired = current - 1 if now - fn.low_since >= setup.keep_alive_s else current
-            if desired < current:
-                fn.low_since = now     # the next one goes after another quiet window
-        else:
-            fn.low_since = None
-            desired = needed
-    for _ in range(max(0, desired - current)):
+    by_rate = None if policy.horizontal == "lazy" else _eager_count(policy, setup, fn, now, rate)
+    # No vertical headroom: at the limit, or on a GPU with nothing left to give.
+    at_limit = all(now < i.ready_at or i.share >= 0.95 * i.request.sm_limit or device_full(i.device)
+                   for i in fn.instances) if policy.shares == "vertical" else True
+    # Idle since the last request or, before any, since the function was deployed (at 0), as the
+    # controller counts it.
+    last = fn.scaling.keepalive.last_request_at or 0.0
+    decision, fn.scaling = LIVE["plan"](ScalingInputs(
+        now=now, current=current, min_instances=0, max_instances=setup.max_instances,
+        starting=sum(1 for i in fn.instances if now < i.ready_at), queued=len(fn.queue),
+        concurrency_per_instance=2 * p.batch, rate_per_s=rate, throughput_per_instance=model.capacity(p.sm_request),
+        at_vertical_limit=at_limit, latency_target_s=model.slo_s,
+        idle_s=now - last, cold_start_s=setup.cold_start_s,
+        keep_alive_s=setup.keep_alive_s, memory_gb=model.memory_gb),
+        fn.scaling, params if policy.keepalive == "histogram" else FIXED_KEEPALIVE, by_rate)
+    for _ in range(max(0, decision.desired - current)):
         start(fn, now)
-    if desired < current and current > 1:
-        idle = [i for i in fn.instances if now >= i.ready_at]
-        if idle:
-            stop(fn, idle[-1])
-    # Scale to zero (and pre-warm) by the keep-alive policy, when nothing waits.
-    if fn.queue or fn.keepalive.last_request_at is None:
-        return
-    params_ka = KeepAliveParams() if policy.keepalive == "histogram" else FIXED_KEEPALIVE
-    verdict = LIVE["keepalive"](fn.keepalive, now - fn.keepalive.last_request_at,
-                                fixed_keep_alive_s=setup.keep_alive_s, cold_start_s=setup.cold_start_s,
-                                params=params_ka).verdict
-    if verdict == Verdict.UNLOAD:
-        for instance in list(fn.instances):
-            stop(fn, instance)
-    elif verdict == Verdict.WARM and not fn.instances:
-        start(fn, now)
+    # As the controller: starting instances go first, then the newest ready ones.
+    victims = sorted(fn.instances, key=lambda i: (now >= i.ready_at, i.ready_at))[:max(0, current - decision.desired)]
+    for instance in victims:
+        stop(fn, instance)
+
+
+def _eager_count(policy: SimPolicy, setup: ServingSetup, fn: _Function, now: float, rate: int) -> int:
+    """The baselines' conventional rule: as many instances as the last second's rate needs at the
+    fixed share at once; one fewer after each keep-alive window with fewer needed."""
+    model, p, current = fn.model, fn.model.profile, len(fn.instances)
+    share = {"limit": p.sm_limit, "request": p.sm_request, "whole": 1.0, "priority": p.sm_limit}[policy.shares]
+    needed = min(setup.max_instances, math.ceil(rate / model.capacity(share))) if rate else current
+    if needed >= current:
+        fn.low_since = None
+        return needed
+    fn.low_since = fn.low_since if fn.low_since is not None else now
+    if now - fn.low_since < setup.keep_alive_s:
+        return current
+    fn.low_since = now     # the next one goes after another quiet window
+    return current - 1
 
 
 def _assign_shares(policy: SimPolicy, cluster: _Cluster, functions: dict[str, _Function], now: float,

@@ -54,12 +54,25 @@ def feed_backlog(samples: list[tuple[float, int]], *, current: int = 1, throughp
     # A client with a bounded connection pool sends only as fast as it is answered: its rate
     # stalls just under the capacity while its requests pile up.
     ("a backlog at the capacity scales out by one", [(9.5, 40)] * 5, [2]),
-    ("a short backlog is absorbed", [(9.5, 40)] * 3 + [(9.5, 3)] * 7, []),
+    ("a short backlog that stops growing is absorbed", [(9.5, 40)] * 3 + [(9.5, 3)] * 7, []),
+    ("a growing backlog scales out on the trend, not after a count", [(9.5, 3), (9.5, 20), (9.5, 40)], [2]),
+    ("a rate over the capacity with a growing backlog is sized by that rate",
+     [(5.0, 2), (35.0, 30)], [4]),
+    ("a growing backlog still answered in time is no trend", [(9.5, 1), (9.5, 2), (9.5, 4)], []),
     ("requests answered in time are no overload", [(9.5, 5)] * 10, []),
 ])
 def test_requests_piling_up_count_as_overload(label: str, samples: list, expect_changes: list[int]) -> None:
     changes = [d.desired for d in feed_backlog(samples) if d.changed]
     assert changes == expect_changes, label
+
+
+def test_no_trend_scale_out_while_vertical_headroom_remains() -> None:
+    state, now = HorizontalState(), 0.0
+    for outstanding in (3, 20, 40):
+        now += 1.0
+        decision, state = decide(HorizontalContext(now, 1, 0, 4, 9.5, 10.0, params=P, at_vertical_limit=False,
+                                                   in_flight=outstanding, latency_target_s=0.5), state)
+    assert not decision.changed and "vertical headroom" in decision.reason
 
 
 def test_a_backlog_holds_off_scaling_in() -> None:

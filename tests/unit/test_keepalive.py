@@ -44,6 +44,21 @@ def test_decide(label: str, gaps: list[float], idle: float, cold: float, verdict
     assert reason in decision.reason, (label, decision)
 
 
+def test_memory_weighs_against_a_cold_start() -> None:
+    """The same idle moment unloads a large instance and holds a small one: holding 2 GB for the
+    35 s expected before the next burst costs less than a cold start is worth; 80 GB does not."""
+    small = decide(history(BURSTY), 5.0, fixed_keep_alive_s=60.0, cold_start_s=1, params=P, memory_gb=2)
+    large = decide(history(BURSTY), 5.0, fixed_keep_alive_s=60.0, cold_start_s=1, params=P, memory_gb=80)
+    assert small.verdict == Verdict.HOLD and "cheaper than a cold start" in small.reason
+    assert large.verdict == Verdict.UNLOAD
+
+
+def test_too_few_longer_idle_times_fall_back_to_the_fixed_window() -> None:
+    state = history([1.0] * 20 + [90.0, 90.0])   # only two idle times longer than 30 s
+    decision = decide(state, 30.0, fixed_keep_alive_s=60.0, cold_start_s=1, params=P)
+    assert decision.verdict == Verdict.HOLD and decision.mode == "fixed"
+
+
 def test_every_gap_of_a_second_or_more_enters_the_histogram() -> None:
     state = history([0.2, 1.0, 1.0, 3.0, 0.5, 40.0])
     assert state.idle_times == (1.0, 1.0, 3.0, 40.0)

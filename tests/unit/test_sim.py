@@ -6,15 +6,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dilu.policy import horizontal, keepalive, vertical
+from dilu.controller import functions as functions_module
+from dilu.policy import autoscale, vertical
 from dilu.policy.profiler import Profile, TableRunner
 from dilu.policy.scheduler import create_scheduler
 from dilu.policy.scheduler.plugins.complementary import Complementary
 from dilu.sim import policies as sim_policies
-from dilu.sim.models import ModelProfile
+from dilu.sim.models import ModelProfile, load_model
 from dilu.sim.placement import simulate_placement
 from dilu.sim.policies import LIVE, build_policies, parse_policies
-from dilu.sim.serving import ServingSetup, simulate_serving
+from dilu.sim.serving import ServingSetup, _arrivals_for, simulate_serving
 from dilu.sim.traces import TraceError, from_rates, load_trace
 from dilu.sim.workload import InstanceEvent, WorkloadError, load_workload
 
@@ -53,13 +54,32 @@ def _toy_model() -> ModelProfile:
 
 def test_a_known_arrival_sequence_by_hand() -> None:
     setup = ServingSetup(arrivals=np.array([0.0, 10.0]), models=(_toy_model(),), scale_arrivals=False, gpus=1,
-                         gpus_per_node=1, trainings=0, tick_s=0.1, cold_start_s=1.0, keep_alive_s=60, duration_s=20)
+                         gpus_per_node=1, trainings=0, tick_s=0.1, cold_start_s=1.0, keep_alive_s=60, duration_s=20,
+                         deployed=False)
     result = simulate_serving(build_policies()["mps"], setup)
     # The first request waits for the cold start (1 s), then its batch (0.2 s at half the GPU):
     # over its 0.5 s SLO. The second finds the instance warm: 0.2 s.
-    assert result.served == 2 and result.cold_starts == 1
+    assert result.served == 2 and result.cold_starts == 1 and result.starts == 1
     assert result.latencies[0] == pytest.approx(1.2, abs=0.11) and result.latencies[1] == pytest.approx(0.2, abs=1e-9)
     assert result.violations == 1 and result.slo_violation_rate == 0.5
+
+
+def test_a_deployed_function_meets_its_first_request_warm_and_a_pre_warm_is_no_cold_start() -> None:
+    setup = ServingSetup(arrivals=np.array([0.0, 10.0]), models=(_toy_model(),), scale_arrivals=False, gpus=1,
+                         gpus_per_node=1, trainings=0, tick_s=0.1, cold_start_s=1.0, keep_alive_s=5, duration_s=20)
+    result = simulate_serving(build_policies()["mps"], setup)
+    # The deploy's instance serves the first request; it is unloaded 5 s later, so the second
+    # waits for a start: one cold start, one instance start (the deploy's is not counted).
+    assert result.latencies[0] == pytest.approx(0.2, abs=1e-9) and result.latencies[1] > 1.0
+    assert result.cold_starts == 1 and result.starts == 1
+
+
+def test_scaled_arrivals_do_not_arrive_in_clumps() -> None:
+    setup = ServingSetup(arrivals=np.sort(np.random.default_rng(1).random(200) * 100), models=("resnet152",))
+    arrivals = _arrivals_for(setup, load_model("resnet152"), 0, 100.0)
+    assert len(arrivals) > 10 * 200, "the trace was replicated"
+    # Copies stacked in step would put whole copies within a millisecond of each other.
+    assert np.count_nonzero(np.diff(arrivals) < 1e-4) < 0.05 * len(arrivals)
 
 
 def test_sharing_a_gpu_slows_both_and_training_gets_what_is_left() -> None:
@@ -77,8 +97,10 @@ def test_sharing_a_gpu_slows_both_and_training_gets_what_is_left() -> None:
 
 
 def test_the_simulator_runs_the_controllers_own_policies(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert LIVE["allocate"] is vertical.allocate and LIVE["horizontal"] is horizontal.decide
-    assert LIVE["keepalive"] is keepalive.decide and LIVE["observe"] is keepalive.observe
+    assert LIVE["allocate"] is vertical.allocate and LIVE["plan"] is autoscale.plan
+    assert LIVE["observe"] is autoscale.observe_second
+    # The controller decides its counts through the very same composition.
+    assert functions_module.plan is autoscale.plan and functions_module.observe_second is autoscale.observe_second
     built = build_policies()
     live = create_scheduler("dilu")
     assert [type(p) for p in built["dilu"].scheduler.filters] == [type(p) for p in live.filters]
@@ -94,8 +116,16 @@ def test_the_simulator_runs_the_controllers_own_policies(monkeypatch: pytest.Mon
     monkeypatch.setitem(sim_policies.LIVE, "allocate", counted)
     setup = ServingSetup(arrivals=np.arange(0.0, 5.0, 0.5), models=(_toy_model(),), scale_arrivals=False, gpus=1,
                          gpus_per_node=1, trainings=1, cold_start_s=0.0, duration_s=5)
+    plans = []
+
+    def planned(*args):  # noqa: ANN002, ANN202
+        plans.append(args[0].now)
+        return autoscale.plan(*args)
+
+    monkeypatch.setitem(sim_policies.LIVE, "plan", planned)
     simulate_serving(build_policies()["dilu"], setup)
     assert len(calls) >= 40     # each tick with a running instance
+    assert len(plans) == 5      # each second, for the one function
 
 
 def test_traces_and_workloads() -> None:

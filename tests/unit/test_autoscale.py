@@ -1,0 +1,61 @@
+"""The one scaling composition the controller and the simulator call, with a fake clock."""
+
+from __future__ import annotations
+
+from dilu.messages import FunctionStatus
+from dilu.policy.autoscale import ScalingInputs, ScalingParams, ScalingState, observe_second, plan
+from dilu.policy.horizontal import HorizontalParams
+from dilu.policy.keepalive import KeepAliveParams
+
+PARAMS = ScalingParams(HorizontalParams(window=10, out_samples=5, in_samples=8), KeepAliveParams(min_samples=3))
+
+
+def run(samples: list[tuple[float, int]], *, current: int = 1, **inputs) -> list[int]:
+    """Feeds one second per (rate, queued) sample; returns the counts decided, acting on each."""
+    state, counts = ScalingState(), []
+    for second, (rate, queued) in enumerate(samples, start=1):
+        if rate:
+            state = observe_second(state, float(second), PARAMS)
+        decision, state = plan(ScalingInputs(now=float(second), current=current, max_instances=4, rate_per_s=rate,
+                                             queued=queued, throughput_per_instance=10.0, latency_target_s=0.5,
+                                             idle_s=0.0 if rate else 30.0, **inputs), state, PARAMS)
+        current = decision.desired
+        counts.append(current)
+    return counts
+
+
+def test_a_request_for_a_function_at_zero_starts_one_at_once() -> None:
+    decision, _ = plan(ScalingInputs(now=1.0, current=0, max_instances=4, queued=3), ScalingState(), PARAMS)
+    assert decision.desired == 1 and "scale from zero" in decision.reason
+
+
+def test_a_growing_backlog_over_the_capacity_scales_out_within_two_seconds() -> None:
+    assert run([(30.0, 10), (30.0, 40)]) == [1, 3]
+
+
+def test_the_same_backlog_with_vertical_headroom_waits() -> None:
+    assert run([(30.0, 10), (30.0, 40)], at_vertical_limit=False) == [1, 1]
+
+
+def test_an_unprofiled_function_scales_by_concurrency_alone() -> None:
+    decision, _ = plan(ScalingInputs(now=1.0, current=1, max_instances=4, in_flight=2, queued=4,
+                                     concurrency_per_instance=2), ScalingState(), PARAMS)
+    assert decision.desired == 3
+
+
+def test_idle_past_the_fixed_keep_alive_unloads_to_the_minimum() -> None:
+    decision, _ = plan(ScalingInputs(now=100.0, current=2, max_instances=4, idle_s=61.0, keep_alive_s=60.0,
+                                     min_instances=1), ScalingState(), PARAMS)
+    assert decision.desired == 1 and "keep-alive" in decision.reason
+
+
+def test_a_baselines_count_replaces_the_lazy_scaler() -> None:
+    decision, state = plan(ScalingInputs(now=1.0, current=1, max_instances=4, queued=5, rate_per_s=35.0,
+                                         throughput_per_instance=10.0), ScalingState(), PARAMS, by_rate=4)
+    assert decision.desired == 4 and state.horizontal.samples == (), "the lazy scaler did not run"
+
+
+def test_a_deploying_function_is_verified_with_one_instance() -> None:
+    decision, _ = plan(ScalingInputs(now=1.0, current=0, max_instances=4, status=FunctionStatus.DEPLOYING),
+                       ScalingState(), PARAMS)
+    assert decision.desired == 1
