@@ -119,14 +119,15 @@ class ControllerSettings(CommonSettings):
     horizontal_window: int = Field(40, ge=1)
     horizontal_out_samples: int = Field(20, ge=1)
     horizontal_in_samples: int = Field(30, ge=1)
-    horizontal_trend_samples: int = Field(2, ge=0, description="Newest samples over capacity with a growing "
-                                                               "backlog that scale out at once (0: off)")
+    horizontal_trend: bool = Field(True, description="Scale out at once when a second is over capacity and "
+                                                    "the backlog grew (false: only after out_samples)")
     keepalive_min_samples: int = Field(10, ge=1, description="Idle times before the histogram is trusted")
     keepalive_min_unload_s: float = Field(10.0, ge=0, description="Unload only if the instance would stay "
                                                                    "unloaded this long (shorter is not worth a start)")
-    keepalive_cold_start_worth_gb_s: float = Field(1800.0, ge=0, description="Idle memory (GB x s) one avoided "
-                                                   "cold start is worth: an idle instance is held while the "
-                                                   "expected wait times its memory is below this (0: off)")
+    keepalive_request_worth_gb_s: float = Field(50.0, ge=0, description="Idle memory (GB x s) worth one request "
+                                                "not delayed by a cold start: an idle instance is held while "
+                                                "its memory until the expected next request is worth less "
+                                                "than the requests a cold start would delay (0: off)")
 
 
 def parse_range(text: str) -> tuple[int, int]:

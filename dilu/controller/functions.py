@@ -45,9 +45,9 @@ class FunctionManager:
         self.params = ScalingParams(
             HorizontalParams(settings.horizontal_interval_s, settings.horizontal_window,
                              settings.horizontal_out_samples, settings.horizontal_in_samples,
-                             settings.horizontal_trend_samples),
+                             settings.horizontal_trend),
             KeepAliveParams(min_samples=settings.keepalive_min_samples, min_unload_s=settings.keepalive_min_unload_s,
-                            cold_start_worth_gb_s=settings.keepalive_cold_start_worth_gb_s))
+                            request_worth_gb_s=settings.keepalive_request_worth_gb_s))
         self._memory: dict[str, _FunctionMemory] = {}
         self.profiling = ProfilingJobs(ctx, actuator, settings)
 
@@ -94,7 +94,7 @@ class FunctionManager:
         # requests is one (1 s resolution: consecutive busy seconds are a gap of one second).
         for second in sorted(s for s, count in activity.requests.items() if count and s > memory.last_second_seen
                              and s < int(now)):
-            memory.scaling = observe_second(memory.scaling, float(second), self.params)
+            memory.scaling = observe_second(memory.scaling, float(second), activity.requests[second], self.params)
             memory.last_second_seen = second
         throughput = profile.throughput_per_s if profile is not None and profile.status == "done" else None
         # The newest second every gateway has flushed (a flush period late, and as much again for

@@ -53,9 +53,12 @@ class ScalingInputs:
     release_idle: bool = False          # only workflows use it, and they load it again in time
 
 
-def observe_second(state: ScalingState, second: float, params: ScalingParams = ScalingParams()) -> ScalingState:
-    """Records a second in which the function had requests (its idle times feed keep-alive)."""
-    return ScalingState(state.horizontal, keepalive.observe(state.keepalive, second, params.keepalive))
+def observe_second(state: ScalingState, second: float, requests: int, params: ScalingParams = ScalingParams()
+                   ) -> ScalingState:
+    """Records a second in which the function had ``requests`` (its idle times and busy rate feed
+    keep-alive)."""
+    return ScalingState(state.horizontal, keepalive.observe(state.keepalive, second, params.keepalive,
+                                                            requests=requests))
 
 
 def plan(inputs: ScalingInputs, state: ScalingState, params: ScalingParams = ScalingParams(),

@@ -1,14 +1,16 @@
-"""Horizontal scaling, lazily: add instances only when an overload outlasts what vertical scaling
-can absorb, remove them when capacity has stayed unused.
+"""Horizontal scaling: add instances as soon as an overload grows past what vertical scaling can
+absorb, remove them lazily, when capacity has stayed unused.
 
 Every ``interval_s`` the controller records a sample: a second's request rate and the requests
 outstanding (in flight or queued). A sample is *over* N instances when its rate exceeds N x
 per-instance throughput, or when more requests are outstanding than N instances answer within
 the latency target (N x throughput x target, Little's law): clients with bounded connection
 pools send no faster than they are answered, so under overload their rate stalls at what is
-served while their requests pile up. Over a sliding window of ``window`` samples: scale out when
-at least ``out_samples`` are over N *and* the instances already run at their compute limits
-(vertical headroom is used up); scale in when at least ``in_samples`` are under N - 1 by both
+served while their requests pile up. Scale out when the instances already run at their compute
+limits (vertical headroom is used up) and either the newest sample is over N with more requests
+outstanding than the sample before (the trend: waiting for a count of overloaded seconds would
+let a burst miss its SLO for that long, and then for a cold start) or, over a sliding window of
+``window`` samples, at least ``out_samples`` are over N; scale in when at least ``in_samples`` are under N - 1 by both
 measures. The window is cleared after acting, so the next decision needs fresh evidence. Scaling
 from zero is not decided here but in ``dilu.policy.replicas`` (at once, when a request waits).
 """
@@ -26,7 +28,7 @@ class HorizontalParams:
     window: int = 40
     out_samples: int = 20
     in_samples: int = 30
-    trend_samples: int = 2     # this many newest samples over, backlog growing: scale out now (0: off)
+    trend: bool = True         # the newest sample over with the backlog growing: scale out now
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ class Sample(NamedTuple):
 class HorizontalState:
     samples: tuple[Sample, ...] = ()
     last_sample_at: float | None = None
+    previous: Sample | None = None    # the sample before the newest, kept when the window clears
 
 
 @dataclass(frozen=True)
@@ -67,8 +70,10 @@ def decide(ctx: HorizontalContext, state: HorizontalState) -> tuple[ScaleDecisio
     clamp = lambda n: max(ctx.min_instances, min(ctx.max_instances, n))  # noqa: E731
     if state.last_sample_at is not None and ctx.now - state.last_sample_at < params.interval_s:
         return ScaleDecision(ctx.current), state
-    samples = (state.samples + (Sample(ctx.rate_per_s, ctx.in_flight + ctx.queued),))[-params.window:]
-    state = HorizontalState(samples, ctx.now)
+    newest = Sample(ctx.rate_per_s, ctx.in_flight + ctx.queued)
+    samples = (state.samples + (newest,))[-params.window:]
+    before = state.samples[-1] if state.samples else state.previous
+    state = HorizontalState(samples, ctx.now, before)
     capacity = ctx.throughput_per_instance
     if capacity <= 0 or ctx.current == 0:
         return ScaleDecision(ctx.current), state
@@ -81,11 +86,11 @@ def decide(ctx: HorizontalContext, state: HorizontalState) -> tuple[ScaleDecisio
         return sample.rate_per_s < instances * capacity and sample.outstanding <= instances * holds
 
     above = [s for s in samples if over(s, ctx.current)]
-    recent = samples[-params.trend_samples:] if params.trend_samples else ()
-    rising = len(recent) == params.trend_samples > 0 and over(recent[-1], ctx.current) and \
-        all(b.outstanding > a.outstanding for a, b in zip(recent, recent[1:]))
+    # On the trend: a second over capacity whose backlog grew since the second before.
+    rising = params.trend and before is not None and over(newest, ctx.current) and \
+        newest.outstanding > before.outstanding
     if rising:
-        above = [recent[-1]]
+        above = [newest]
     if (rising or len(above) >= params.out_samples) and ctx.current < ctx.max_instances:
         if not ctx.at_vertical_limit:
             return ScaleDecision(ctx.current, "overloaded, but instances still have vertical headroom"), state
@@ -94,10 +99,10 @@ def decide(ctx: HorizontalContext, state: HorizontalState) -> tuple[ScaleDecisio
         desired = clamp(max(ctx.current + 1, math.ceil(rates[len(rates) // 2] / capacity)))
         backlog = f" or {holds:.3g} outstanding per instance" if math.isfinite(holds) else ""
         return ScaleDecision(desired, f"{len(above)}/{len(samples)} samples above {ctx.current} x "
-                                      f"{capacity:g} req/s{backlog}", True), HorizontalState((), ctx.now)
+                                      f"{capacity:g} req/s{backlog}", True), HorizontalState((), ctx.now, newest)
     below = [s for s in samples if under(s, ctx.current - 1)]
     if len(below) >= params.in_samples and ctx.current > max(ctx.min_instances, 1):
         return ScaleDecision(ctx.current - 1, f"{len(below)}/{len(samples)} samples below "
                                               f"{ctx.current - 1} x {capacity:g} req/s", True), \
-            HorizontalState((), ctx.now)
+            HorizontalState((), ctx.now, newest)
     return ScaleDecision(ctx.current), state

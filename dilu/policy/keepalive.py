@@ -37,14 +37,16 @@ class KeepAliveParams:
     burst_s: float = 2.0          # idle less than this is inside a burst
     lead_s: float = 1.0           # pre-warm this much earlier than the cold start alone needs
     min_unload_s: float = 10.0    # unload only when the instance would stay unloaded this long
-    min_later: int = 3            # idle times longer than the current one needed to predict from them
-    cold_start_worth_gb_s: float = 1800.0   # idle memory (GB x s) one avoided cold start is worth
+    min_later: int = 1            # idle times longer than the current one needed to predict from them
+    request_worth_gb_s: float = 50.0  # idle memory (GB x s) worth one request not delayed by a cold start
+    rate_weight: float = 0.2      # of the newest busy second in the busy-second rate (a moving average)
 
 
 @dataclass(frozen=True)
 class KeepAliveState:
     idle_times: tuple[float, ...] = ()
     last_request_at: float | None = None
+    busy_rate: float = 0.0        # requests per second in the seconds that had any (moving average)
 
 
 class Verdict(str, Enum):
@@ -61,14 +63,17 @@ class KeepAliveDecision:
 
 
 def observe(state: KeepAliveState, request_at: float, params: KeepAliveParams = KeepAliveParams(),
-            gap_min_s: float = 1.0) -> KeepAliveState:
-    """Records a request; a gap of at least ``gap_min_s`` since the previous one is an idle time."""
+            gap_min_s: float = 1.0, requests: int = 1) -> KeepAliveState:
+    """Records ``requests`` arriving at ``request_at`` (a second's count, for the controller); a gap
+    of at least ``gap_min_s`` since the previous one is an idle time."""
+    rate = requests if state.busy_rate == 0 else \
+        (1 - params.rate_weight) * state.busy_rate + params.rate_weight * requests
     if state.last_request_at is None or request_at <= state.last_request_at:
         return KeepAliveState(state.idle_times, request_at if state.last_request_at is None
-                              else max(state.last_request_at, request_at))
+                              else max(state.last_request_at, request_at), rate)
     gap = request_at - state.last_request_at
     idle = (state.idle_times + (gap,))[-params.history:] if gap >= gap_min_s else state.idle_times
-    return KeepAliveState(idle, request_at)
+    return KeepAliveState(idle, request_at, rate)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -100,12 +105,19 @@ def decide(state: KeepAliveState, idle_s: float, *, fixed_keep_alive_s: float, c
     if head - idle_s <= lead + params.min_unload_s:
         return KeepAliveDecision(Verdict.HOLD, "histogram", f"next request due in {head - idle_s:.1f}s: "
                                                             "too soon to unload")
-    # Unloading risks a cold start whenever the histogram is wrong; it pays only when the memory
-    # an instance would hold until the expected next request is worth more than that start.
-    expected = sum(later) / len(later) - idle_s
-    if memory_gb > 0 and expected * memory_gb < params.cold_start_worth_gb_s:
-        return KeepAliveDecision(Verdict.HOLD, "histogram", f"next request expected in {expected:.0f}s: holding "
-                                                            f"{memory_gb:g} GB is cheaper than a cold start")
+    # Unloading risks a cold start when the next request comes before the pre-warmed instance is
+    # ready: as often as that happened among the idle times seen (smoothed, so that few of them
+    # are no proof of safety), and then a busy second's requests wait for it. It pays only when
+    # the memory held until the pre-warm is worth more than those requests.
+    wake = head - lead
+    early = sum(1 for t in later if t < head)
+    risk = (early + 1) / (len(later) + 2)
+    saved = memory_gb * sum(min(t, wake) - idle_s for t in later) / len(later)
+    delayed = state.busy_rate * cold_start_s
+    if memory_gb > 0 and saved < params.request_worth_gb_s * risk * delayed:
+        return KeepAliveDecision(Verdict.HOLD, "histogram", f"unloading {memory_gb:g} GB until the pre-warm "
+                                                            f"saves less than a {risk:.0%} risk of a cold start "
+                                                            f"delaying {delayed:.0f} requests is worth")
     return KeepAliveDecision(Verdict.UNLOAD, "histogram", f"next request not due for {head - idle_s:.1f}s; "
                                                           f"pre-warm at {head - lead:.1f}s idle")
 

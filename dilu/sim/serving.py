@@ -259,7 +259,7 @@ def _scale(policy: SimPolicy, setup: ServingSetup, fn: _Function, now: float, pa
     model, p = fn.model, fn.model.profile
     rate = int(np.searchsorted(fn.arrivals, now) - np.searchsorted(fn.arrivals, now - 1.0))
     if rate:
-        fn.scaling = LIVE["observe"](fn.scaling, now, params)
+        fn.scaling = LIVE["observe"](fn.scaling, now, rate, params)
     current = len(fn.instances)
     by_rate = None if policy.horizontal == "lazy" else _eager_count(policy, setup, fn, now, rate)
     # No vertical headroom: at the limit, or on a GPU with nothing left to give.

@@ -101,13 +101,17 @@ def test_bursty_load_scales_out_lazily_and_back_in(start_platform, tmp_path: Pat
     from datetime import datetime
 
     delay = datetime.fromisoformat(first_up).timestamp() - began
-    assert delay >= 4, f"scaled out after {delay:.1f}s of overload: not lazy"
+    # On the trend (a second over capacity, the backlog growing): within the 20 s burst it is for.
+    assert delay < 20, f"scaled out after {delay:.1f}s of overload: after the burst"
     eventually(lambda: horizontal("scale-down"), timeout=60, what="scale-in once the burst is over")
 
 
 def test_an_idle_function_goes_to_zero_and_is_prewarmed_before_its_next_request(start_platform,
                                                                                 tmp_path: Path) -> None:
-    platform = start_platform(env={"DILU_KEEPALIVE_MIN_SAMPLES": "3", "DILU_KEEPALIVE_MIN_UNLOAD_S": "2"})
+    # Weighing memory against cold starts off: a 64 MiB instance would otherwise be worth holding
+    # through these short gaps; this is about the histogram's timing.
+    platform = start_platform(env={"DILU_KEEPALIVE_MIN_SAMPLES": "3", "DILU_KEEPALIVE_MIN_UNLOAD_S": "2",
+                                   "DILU_KEEPALIVE_REQUEST_WORTH_GB_S": "0"})
     source = shutil.copytree(FIXTURE_FUNCTIONS / "ok", tmp_path / "regular")
     (source / "model.yaml").write_text(
         "name: regular\nhandler: handler:Echo\nresources:\n  memory: 64Mi\n  gpu: false\n"

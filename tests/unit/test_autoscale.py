@@ -15,7 +15,7 @@ def run(samples: list[tuple[float, int]], *, current: int = 1, **inputs) -> list
     state, counts = ScalingState(), []
     for second, (rate, queued) in enumerate(samples, start=1):
         if rate:
-            state = observe_second(state, float(second), PARAMS)
+            state = observe_second(state, float(second), int(rate), PARAMS)
         decision, state = plan(ScalingInputs(now=float(second), current=current, max_instances=4, rate_per_s=rate,
                                              queued=queued, throughput_per_instance=10.0, latency_target_s=0.5,
                                              idle_s=0.0 if rate else 30.0, **inputs), state, PARAMS)

@@ -55,7 +55,9 @@ def feed_backlog(samples: list[tuple[float, int]], *, current: int = 1, throughp
     # stalls just under the capacity while its requests pile up.
     ("a backlog at the capacity scales out by one", [(9.5, 40)] * 5, [2]),
     ("a short backlog that stops growing is absorbed", [(9.5, 40)] * 3 + [(9.5, 3)] * 7, []),
-    ("a growing backlog scales out on the trend, not after a count", [(9.5, 3), (9.5, 20), (9.5, 40)], [2]),
+    ("a growing backlog scales out on the trend, not after a count", [(9.5, 3), (9.5, 20)], [2]),
+    ("... and again while it keeps growing", [(9.5, 3), (9.5, 20), (9.5, 40)], [2, 3]),
+    ("a backlog that stops growing waits for the count", [(9.5, 3), (9.5, 20), (9.5, 20), (9.5, 20)], [2]),
     ("a rate over the capacity with a growing backlog is sized by that rate",
      [(5.0, 2), (35.0, 30)], [4]),
     ("a growing backlog still answered in time is no trend", [(9.5, 1), (9.5, 2), (9.5, 4)], []),

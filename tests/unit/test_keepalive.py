@@ -9,12 +9,13 @@ from dilu.policy.keepalive import KeepAliveParams, KeepAliveState, Verdict, deci
 P = KeepAliveParams(min_samples=5)
 
 
-def history(gaps: list[float]) -> KeepAliveState:
+def history(gaps: list[float], requests: int = 1) -> KeepAliveState:
+    """Requests ``gaps`` apart, ``requests`` in each busy second."""
     state, now = KeepAliveState(), 1000.0
-    state = observe(state, now, P)
+    state = observe(state, now, P, requests=requests)
     for gap in gaps:
         now += gap
-        state = observe(state, now, P)
+        state = observe(state, now, P, requests=requests)
     return state
 
 
@@ -45,18 +46,39 @@ def test_decide(label: str, gaps: list[float], idle: float, cold: float, verdict
 
 
 def test_memory_weighs_against_a_cold_start() -> None:
-    """The same idle moment unloads a large instance and holds a small one: holding 2 GB for the
-    35 s expected before the next burst costs less than a cold start is worth; 80 GB does not."""
-    small = decide(history(BURSTY), 5.0, fixed_keep_alive_s=60.0, cold_start_s=1, params=P, memory_gb=2)
-    large = decide(history(BURSTY), 5.0, fixed_keep_alive_s=60.0, cold_start_s=1, params=P, memory_gb=80)
-    assert small.verdict == Verdict.HOLD and "cheaper than a cold start" in small.reason
+    """20 requests a second and a 1 s cold start: 20 requests would wait, with a risk of 1 in 7
+    after five pauses alike. Unloading 2 GB until the pre-warm (33 s) saves 66 GB x s, less than
+    those requests are worth (50 GB x s each); 80 GB saves more."""
+    state = history(BURSTY, requests=20)
+    small = decide(state, 5.0, fixed_keep_alive_s=60.0, cold_start_s=1, params=P, memory_gb=2)
+    large = decide(state, 5.0, fixed_keep_alive_s=60.0, cold_start_s=1, params=P, memory_gb=80)
+    assert small.verdict == Verdict.HOLD and "delaying 20 requests" in small.reason and "14%" in small.reason
     assert large.verdict == Verdict.UNLOAD
 
 
+def test_a_light_function_with_a_fast_cold_start_is_unloaded() -> None:
+    state = history(BURSTY, requests=1)     # one request would wait for a 1 s cold start
+    assert decide(state, 5.0, fixed_keep_alive_s=60.0, cold_start_s=1, params=P, memory_gb=2).verdict == \
+        Verdict.UNLOAD
+
+
+def test_more_pauses_alike_lower_the_risk() -> None:
+    few, many = history(([1.0] * 19 + [40.0]) * 5, 20), history(([1.0] * 19 + [40.0]) * 40, 20)
+    assert decide(few, 5.0, fixed_keep_alive_s=60.0, cold_start_s=1, params=P, memory_gb=4).verdict == Verdict.HOLD
+    assert decide(many, 5.0, fixed_keep_alive_s=60.0, cold_start_s=1, params=P, memory_gb=4).verdict == \
+        Verdict.UNLOAD
+
+
 def test_too_few_longer_idle_times_fall_back_to_the_fixed_window() -> None:
+    params = KeepAliveParams(min_samples=5, min_later=3)
     state = history([1.0] * 20 + [90.0, 90.0])   # only two idle times longer than 30 s
-    decision = decide(state, 30.0, fixed_keep_alive_s=60.0, cold_start_s=1, params=P)
+    decision = decide(state, 30.0, fixed_keep_alive_s=60.0, cold_start_s=1, params=params)
     assert decision.verdict == Verdict.HOLD and decision.mode == "fixed"
+
+
+def test_the_busy_rate_is_a_moving_average_of_busy_seconds() -> None:
+    state = observe(observe(KeepAliveState(), 1.0, P, requests=10), 2.0, P, requests=20)
+    assert state.busy_rate == 10 * 0.8 + 20 * 0.2
 
 
 def test_every_gap_of_a_second_or_more_enters_the_histogram() -> None:
