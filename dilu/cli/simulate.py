@@ -20,6 +20,8 @@ def simulate(
     policy: Annotated[str, typer.Option(help="Comma-separated policies, or all")] = "all",
     out_dir: Annotated[Path, typer.Option("--out", help="Folder for metrics.json, CSVs and plots")] = Path("sim-out"),
     nodes: Annotated[int, typer.Option(min=1, max=100_000)] = 1000,
+    replicate: Annotated[int, typer.Option(min=1, max=100, help="Run the workload this many times over, at the "
+                                           "same times (with --nodes that many times larger: a larger fleet)")] = 1,
     gpus_per_node: Annotated[int, typer.Option(min=1, max=64)] = 4,
     gpu_memory_gb: Annotated[float, typer.Option(min=1)] = 40.0,
     serving_gpus: Annotated[int, typer.Option(min=1, max=4096, help="GPUs of the request-serving scenario")] = 8,
@@ -37,11 +39,12 @@ def simulate(
     from dilu.sim.report import format_table, run_all, write
     from dilu.sim.serving import ServingSetup
     from dilu.sim.traces import TraceError, load_trace
-    from dilu.sim.workload import WorkloadError, load_workload
+    from dilu.sim.placement import peak_bound
+    from dilu.sim.workload import WorkloadError, load_workload, replicate as replicated
 
     try:
         names = parse_policies(policy)
-        events = load_workload(workload)
+        events = replicated(load_workload(workload), replicate)
         arrivals = load_trace(trace, duration_s=duration_s, seed=seed)
     except (ValueError, TraceError, WorkloadError, OSError) as exc:
         err.print(f"error: {exc}", highlight=False)
@@ -61,11 +64,17 @@ def simulate(
     context = {"workload": workload, "trace": trace, "nodes": nodes, "gpus_per_node": gpus_per_node,
                "gpu_memory_gb": gpu_memory_gb, "serving_gpus": serving_gpus, "trainings": trainings, "load": load,
                "cold_start_s": cold_start_s, "tick_s": tick_s, "price_per_gpu_hour": price, "seed": seed,
-               "serving_seconds": serving_seconds}
+               "serving_seconds": serving_seconds, "replicate": replicate}
+    bound = peak_bound(events, gpu_memory_gb)
+    context["peak_gpus_bound"] = {"gpus": bound.gpus, "at_s": bound.at_s, "over_half_memory": bound.over_half_memory,
+                                  "by_memory": bound.by_memory, "by_compute": bound.by_compute}
     table = write(runs, out_dir, price, context)
     rows = format_table(table)
     shown = Table(*rows[0], title=f"{workload} on {nodes} x {gpus_per_node} GPUs; serving: {trace} on {serving_gpus} GPUs")
     for row in rows[1:]:
         shown.add_row(*row)
     out.print(shown)
+    out.print(f"no placement needs fewer than {bound.gpus} GPUs at the peak (t={bound.at_s:.0f}s): "
+              f"{bound.over_half_memory} GPU slots hold over half a GPU's memory each; all memory fills "
+              f"{bound.by_memory}, all compute requested {bound.by_compute}", highlight=False)
     out.print(f"wrote {out_dir}/metrics.json, metrics.csv, placement_timeseries.csv and plots", highlight=False)

@@ -10,7 +10,8 @@ instance has asked for (1 - requests, at least 0); memory, the memory no instanc
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -59,6 +60,41 @@ def request_of(event: InstanceEvent) -> PlacementRequest:
 def empty_cluster(nodes: int, gpus_per_node: int, gpu_memory_gb: float) -> ClusterSnapshot:
     return ClusterSnapshot.of([Device(f"gpu{i}", f"node{i // gpus_per_node}", memory_bytes=int(gpu_memory_gb * GiB))
                                for i in range(nodes * gpus_per_node)])
+
+
+@dataclass(frozen=True)
+class PeakBound:
+    """A lower bound on the GPUs any placement needs at the workload's busiest moment."""
+    gpus: int
+    at_s: float
+    over_half_memory: int     # GPU slots holding more than half a GPU's memory: no two share a GPU
+    by_memory: int            # all memory held, in whole GPUs
+    by_compute: int           # all compute requested, in whole GPUs
+
+
+def peak_bound(events: list[InstanceEvent], gpu_memory_gb: float) -> PeakBound:
+    """The highest, over the workload's times, of three bounds no placement can beat: slots over
+    half a GPU's memory each need their own GPU; the memory and the compute requested, summed."""
+    live: dict[str, InstanceEvent] = {}
+    big = memory = compute = 0.0
+    best = PeakBound(0, 0.0, 0, 0, 0)
+    for position, event in enumerate(events):
+        sign = 1 if event.action == "start" and event.name not in live else \
+            -1 if event.action != "start" and event.name in live else 0
+        if sign:
+            e = event if sign > 0 else live.pop(event.name)
+            if sign > 0:
+                live[event.name] = event
+            big += sign * e.gpus * (e.memory_gb > gpu_memory_gb / 2)
+            memory += sign * e.gpus * e.memory_gb
+            compute += sign * e.gpus * e.sm_request
+        if position + 1 == len(events) or events[position + 1].t != event.t:
+            bound = PeakBound(0, event.t, round(big), math.ceil(memory / gpu_memory_gb - 1e-9),
+                              math.ceil(compute - 1e-9))
+            bound = replace(bound, gpus=max(bound.over_half_memory, bound.by_memory, bound.by_compute))
+            if bound.gpus > best.gpus:
+                best = bound
+    return best
 
 
 def _sample(snapshot: ClusterSnapshot, result: PlacementResult, at: float) -> None:

@@ -12,7 +12,8 @@ CSV, PNG plots, and the table ``dilu simulate`` prints.
 | `slo_violation_rate` | serving: requests over their SLO, dropped after 30 s, or never served, per request that arrived |
 | `inference_throughput` | serving: requests served per second |
 | `training_throughput` | serving: training progress per job, 1.0 = a whole GPU alone |
-| `cold_starts` | serving: instances started |
+| `cold_starts` | serving: instance starts a request waited for (it arrived while none of its function's instances was ready) |
+| `instance_starts` | serving: every instance start (on demand, scale-out, pre-warm), beside the deploy's own |
 | `serving_gpu_hours`, `serving_peak_gpus` | serving: GPUs in use (integrated, and at most) |
 | `p50_latency_ms`, `p99_latency_ms` | serving: of the requests served |
 """
@@ -55,7 +56,7 @@ def metrics(run: PolicyRun, price_per_gpu_hour: float) -> dict[str, float]:
         "slo_violation_rate": round(s.slo_violation_rate, 5),
         "inference_throughput": round(s.served / s.duration_s, 3) if s.duration_s else 0.0,
         "training_throughput": round(s.training_progress / s.duration_s / max(1, s.jobs), 4) if s.duration_s else 0.0,
-        "cold_starts": s.cold_starts, "serving_unplaced": s.unplaced,
+        "cold_starts": s.cold_starts, "instance_starts": s.starts, "serving_unplaced": s.unplaced,
         "serving_gpu_hours": round(s.gpu_seconds / 3600, 4), "serving_peak_gpus": max(s.active_gpus, default=0),
         "p50_latency_ms": round(float(np.percentile(latencies, 50)) * 1000, 2),
         "p99_latency_ms": round(float(np.percentile(latencies, 99)) * 1000, 2),
@@ -145,11 +146,11 @@ def format_table(table: dict[str, dict]) -> list[list[str]]:
     """Rows for the printed comparison: the header, then one per policy, ratios to exclusive."""
     base = table.get("exclusive")
     rows = [["policy", "peak GPUs", "GPU-h", "compute frag", "memory frag", "cost", "SLO viol", "inf req/s",
-             "train/job", "cold starts", "serving GPU-h"]]
+             "train/job", "cold starts", "starts", "serving GPU-h"]]
     for name, m in table.items():
         ratio = f" ({m['peak_gpus'] / base['peak_gpus']:.2f}x)" if base and base["peak_gpus"] else ""
         rows.append([name, f"{m['peak_gpus']}{ratio}", f"{m['gpu_hours']:.1f}", f"{m['compute_fragmentation']:.3f}",
                      f"{m['memory_fragmentation']:.3f}", f"{m['cost']:.0f}", f"{m['slo_violation_rate']:.2%}",
                      f"{m['inference_throughput']:.1f}", f"{m['training_throughput']:.3f}", str(m["cold_starts"]),
-                     f"{m['serving_gpu_hours']:.2f}"])
+                     str(m["instance_starts"]), f"{m['serving_gpu_hours']:.2f}"])
     return rows

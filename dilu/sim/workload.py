@@ -9,7 +9,7 @@ never executed.
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -70,3 +70,11 @@ def load_workload(name: str) -> list[InstanceEvent]:
     if not events:
         raise WorkloadError(f"{name}: no events")
     return sorted(events, key=lambda e: e.t)
+
+
+def replicate(events: list[InstanceEvent], copies: int) -> list[InstanceEvent]:
+    """The workload ``copies`` times over, at the same times (a fleet ``copies`` times larger runs
+    it); each copy's instances are named apart."""
+    if copies == 1:
+        return events
+    return sorted((replace(e, name=f"{e.name}~{k}") for e in events for k in range(copies)), key=lambda e: e.t)
