@@ -1,10 +1,18 @@
-"""Time of `dilu simulate` per policy on instances-3200.txt (1,000 nodes x 4 GPUs of 40 GB) with
-the bursty request trace serving on 8 GPUs: both levels, each policy on its own, in one run.
+"""How `dilu simulate` grows: time and memory per policy at the default scale, then with the fleet
+(the instance workload replicated on that many times the nodes) and with the trace's length.
 
-    python bench/sim_bench.py [--trace bursty]
+    python bench/sim_bench.py [--trace bursty] [--fleets 1,2,5,10] [--hours 0.25,1,6,24] [--skip-policies]
 
-Prints the seconds per policy (placement + serving), the total, and the ratio to the 2-minute
-target for all of them.
+Three parts, in one run:
+
+1. Every policy, both levels, at the default scale (instances-3200 on 1,000 nodes x 4 GPUs,
+   serving on 8 GPUs): seconds each, and the total against the 2-minute target.
+2. Placement (the `dilu` scheduler) on 1x, 2x, 5x and 10x the fleet and the workload: seconds,
+   peak traced memory, the peak GPUs and its lower bound; ratios to 1x.
+3. Serving (`dilu`) on the trace repeated to 15 minutes, 1, 6 and 24 hours: seconds, peak traced
+   memory, requests simulated; ratios to the shortest.
+
+Memory is Python's traced allocations (numpy's included) at their peak, not the process's RSS.
 """
 
 from __future__ import annotations
@@ -12,27 +20,37 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dilu.sim.placement import simulate_placement  # noqa: E402
+from dilu.sim.placement import peak_bound, simulate_placement  # noqa: E402
 from dilu.sim.policies import POLICY_NAMES, build_policies  # noqa: E402
 from dilu.sim.serving import ServingSetup, simulate_serving  # noqa: E402
 from dilu.sim.traces import load_trace  # noqa: E402
-from dilu.sim.workload import load_workload  # noqa: E402
+from dilu.sim.workload import load_workload, replicate  # noqa: E402
 
 TARGET_S = 120.0
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--trace", default="bursty")
-    args = parser.parse_args()
+def measured(run: Callable[[], object]) -> tuple[object, float, float]:
+    """The result, seconds, and peak traced MiB of one call."""
+    tracemalloc.start()
+    started = time.perf_counter()
+    result = run()
+    seconds = time.perf_counter() - started
+    peak = tracemalloc.get_traced_memory()[1] / 2**20
+    tracemalloc.stop()
+    return result, seconds, peak
+
+
+def every_policy(trace: str) -> None:
     events = load_workload("instances-3200")
-    setup = ServingSetup(arrivals=load_trace(args.trace))
+    setup = ServingSetup(arrivals=load_trace(trace))
     policies = build_policies()
-    print(f"instances-3200 ({len(events)} events, 4,000 GPUs) + {args.trace} serving on 8 GPUs")
+    print(f"1. instances-3200 ({len(events)} events, 4,000 GPUs) + {trace} serving on 8 GPUs")
     print(f"{'policy':<24}{'placement s':>12}{'serving s':>11}{'total s':>9}")
     total = 0.0
     for name in POLICY_NAMES:
@@ -42,9 +60,52 @@ def main() -> None:
         simulate_serving(policies[name], setup)
         served = time.perf_counter()
         total += served - started
-        print(f"{name:<24}{placed - started:>12.2f}{served - placed:>11.2f}{served - started:>9.2f}")
+        print(f"{name:<24}{placed - started:>12.2f}{served - placed:>11.2f}{served - started:>9.2f}", flush=True)
     print(f"all {len(POLICY_NAMES)} policies: {total:.1f} s; target {TARGET_S:.0f} s: "
-          f"{'met' if total <= TARGET_S else 'NOT met'} ({total / TARGET_S:.2f}x the target)")
+          f"{'met' if total <= TARGET_S else 'NOT met'} ({total / TARGET_S:.2f}x the target)\n")
+
+
+def fleets(sizes: list[int]) -> None:
+    events = load_workload("instances-3200")
+    scheduler = build_policies()["dilu"].scheduler
+    print("2. placement (dilu) as the fleet grows: the workload replicated on that many times 1,000 nodes")
+    print(f"{'fleet':>6}{'GPUs':>8}{'events':>8}{'seconds':>9}{'x time':>8}{'MiB':>8}{'x mem':>7}"
+          f"{'peak GPUs':>11}{'bound':>7}")
+    base = None
+    for size in sizes:
+        workload = replicate(events, size)
+        result, seconds, mib = measured(lambda: simulate_placement(workload, scheduler, nodes=1000 * size))
+        bound = peak_bound(workload, 40.0)
+        base = base or (seconds, mib)
+        print(f"{size:>5}x{4000 * size:>8}{len(workload):>8}{seconds:>9.1f}{seconds / base[0]:>8.1f}{mib:>8.0f}"
+              f"{mib / base[1]:>7.1f}{result.peak_gpus:>11}{bound.gpus:>7}", flush=True)
+    print()
+
+
+def lengths(trace: str, hours: list[float]) -> None:
+    policy = build_policies()["dilu"]
+    print(f"3. serving (dilu) as the trace grows: {trace} repeated")
+    print(f"{'hours':>6}{'requests':>11}{'seconds':>9}{'x time':>8}{'MiB':>8}{'x mem':>7}{'SLO viol':>10}")
+    base = None
+    for length in hours:
+        setup = ServingSetup(arrivals=load_trace(trace, duration_s=length * 3600), duration_s=length * 3600)
+        result, seconds, mib = measured(lambda: simulate_serving(policy, setup))
+        base = base or (seconds, mib)
+        print(f"{length:>6g}{result.arrivals:>11}{seconds:>9.1f}{seconds / base[0]:>8.1f}{mib:>8.0f}"
+              f"{mib / base[1]:>7.1f}{result.slo_violation_rate:>10.2%}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--trace", default="bursty")
+    parser.add_argument("--fleets", default="1,2,5,10", help="fleet multiples for part 2")
+    parser.add_argument("--hours", default="0.25,1,6,24", help="trace lengths for part 3")
+    parser.add_argument("--skip-policies", action="store_true", help="leave out part 1")
+    args = parser.parse_args()
+    if not args.skip_policies:
+        every_policy(args.trace)
+    fleets([int(x) for x in args.fleets.split(",") if x])
+    lengths(args.trace, [float(x) for x in args.hours.split(",") if x])
 
 
 if __name__ == "__main__":

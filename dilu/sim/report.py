@@ -46,7 +46,7 @@ class PolicyRun:
 
 def metrics(run: PolicyRun, price_per_gpu_hour: float) -> dict[str, float]:
     p, s = run.placement, run.serving
-    latencies = np.asarray(s.latencies) if s.latencies else np.zeros(1)
+    latencies = np.frombuffer(s.latencies, dtype=np.float64) if len(s.latencies) else np.zeros(1)
     return {
         "peak_gpus": p.peak_gpus, "gpu_hours": round(p.gpu_hours, 3),
         "compute_fragmentation": round(p.mean(p.compute_fragmentation), 4),

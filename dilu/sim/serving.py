@@ -20,6 +20,7 @@ at the speed their profile gives for that share, and the functions scale.
 from __future__ import annotations
 
 import math
+from array import array
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -57,6 +58,8 @@ class ServingSetup:
     max_instances: int = 8
     duration_s: float | None = None       # default: the trace's length
     deployed: bool = True                 # each function starts with the instance its deploy verified
+    per_function: tuple[np.ndarray, ...] | None = None   # each model's own arrivals, instead of the trace's
+    profiled: bool = True                 # False: functions scale by concurrency, as an unprofiled one does
 
 
 @dataclass
@@ -64,12 +67,13 @@ class ServingResult:
     duration_s: float = 0.0
     served: int = 0
     violations: int = 0                   # over the SLO, dropped, or left waiting at the end
-    latencies: list[float] = field(default_factory=list)
+    latencies: array = field(default_factory=lambda: array("d"))   # seconds, per request served (8 bytes each)
     cold_starts: int = 0                  # starts a request waited for: it came when none was ready
     starts: int = 0                       # every instance start (on demand, scale-out, pre-warm)
     unplaced: int = 0                     # instance starts no GPU could take
     training_progress: float = 0.0        # summed over jobs, in whole-GPU seconds
     gpu_seconds: float = 0.0
+    instance_seconds: float = 0.0         # instances held (starting or ready), integrated
     active_gpus: list[int] = field(default_factory=list)   # one sample per second
     arrivals: int = 0
     jobs: int = 0                         # training jobs that ran
@@ -88,6 +92,7 @@ class _Instance:
     ready_at: float
     share: float = 0.0
     free_at: float = 0.0                  # when its current batch ends
+    in_batch: int = 0                     # requests in its current batch
 
 
 @dataclass
@@ -187,8 +192,12 @@ def simulate_serving(policy: SimPolicy, setup: ServingSetup,
     functions = {}
     for position, name in enumerate(setup.models):
         model = name if isinstance(name, ModelProfile) else load_model(name)
-        arrivals = _arrivals_for(setup, model, position, duration) if setup.scale_arrivals \
-            else setup.arrivals[setup.arrivals < duration]
+        if setup.per_function is not None:
+            arrivals = setup.per_function[position][setup.per_function[position] < duration]
+        elif setup.scale_arrivals:
+            arrivals = _arrivals_for(setup, model, position, duration)
+        else:
+            arrivals = setup.arrivals[setup.arrivals < duration]
         functions[model.name] = _Function(model, arrivals)
         result.arrivals += len(arrivals)
 
@@ -242,6 +251,7 @@ def simulate_serving(policy: SimPolicy, setup: ServingSetup,
             result.training_progress += job.share * setup.tick_s
         busy = sum(1 for members in cluster.on_device.values() if members)
         result.gpu_seconds += busy * setup.tick_s
+        result.instance_seconds += sum(len(fn.instances) for fn in functions.values()) * setup.tick_s
         if tick % per_second == 0:
             result.active_gpus.append(busy)
             if progress is not None:
@@ -271,7 +281,8 @@ def _scale(policy: SimPolicy, setup: ServingSetup, fn: _Function, now: float, pa
     decision, fn.scaling = LIVE["plan"](ScalingInputs(
         now=now, current=current, min_instances=0, max_instances=setup.max_instances,
         starting=sum(1 for i in fn.instances if now < i.ready_at), queued=len(fn.queue),
-        concurrency_per_instance=2 * p.batch, rate_per_s=rate, throughput_per_instance=model.capacity(p.sm_request),
+        in_flight=sum(i.in_batch for i in fn.instances if i.free_at > now), concurrency_per_instance=2 * p.batch,
+        rate_per_s=rate, throughput_per_instance=model.capacity(p.sm_request) if setup.profiled else None,
         at_vertical_limit=at_limit, latency_target_s=model.slo_s,
         idle_s=now - last, cold_start_s=setup.cold_start_s,
         keep_alive_s=setup.keep_alive_s, memory_gb=model.memory_gb),
@@ -362,6 +373,7 @@ def _serve(fn: _Function, now: float, tick: float, result: ServingResult) -> Non
                 waiting += 1
             batch = model.batch_for(waiting)
             done = at + model.latency(batch, instance.share)
+            instance.in_batch = min(batch, waiting)
             for _ in range(min(batch, waiting)):
                 latency = done - fn.queue.popleft()
                 result.served += 1

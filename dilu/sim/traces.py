@@ -2,7 +2,8 @@
 Poisson and Gamma processes; always a sorted array of arrival times in seconds from 0.
 
 Trace names: ``azure-code``, ``azure-conv`` (real timestamps), ``bursty``, ``periodic``,
-``sporadic`` (a rate per second, arrivals Poisson within each second), ``poisson:RATE``,
+``sporadic`` (a rate per second, arrivals Poisson within each second; repeated when a longer
+duration is asked for), ``poisson:RATE``,
 ``gamma:RATE:CV`` (inter-arrival times Gamma-distributed with that coefficient of variation),
 or a file of either kind. Random draws use ``seed``, so a run is repeatable.
 """
@@ -69,6 +70,8 @@ def load_trace(name: str, *, scale: float = 1.0, duration_s: float | None = None
     elif name in RATE_SHAPES or (Path(name).suffix == ".txt" and Path(name).is_file()):
         path = DATA / "traces" / "rps" / f"{name}.txt" if name in RATE_SHAPES else Path(name)
         rates = np.array([float(x) for x in path.read_text(encoding="utf-8").split()])
+        if duration_s is not None and len(rates) and duration_s > len(rates):   # longer: the shape repeats
+            rates = np.tile(rates, int(np.ceil(duration_s / len(rates))))
         arrivals = from_rates(rates * scale, rng)
     elif name.startswith("poisson:") or name.startswith("gamma:"):
         parts = name.split(":")
