@@ -120,6 +120,7 @@ def write_functions(folder: Path) -> list[Path]:
         source = folder / name
         source.mkdir(parents=True)
         (source / "handler.py").write_text(HANDLER)
+        (source / "request.json").write_text("[0]")   # the sample profiling sends
         (source / "model.yaml").write_text(SPEC.format(name=name, base=base, per_item=PER_ITEM_S,
                                                        slo_ms=round(slo_s(base) * 1000), keep=KEEP_ALIVE_S, load=LOAD_S,
                                                        max_instances=MAX_INSTANCES, batch=BATCH))
@@ -127,17 +128,18 @@ def write_functions(folder: Path) -> list[Path]:
     return specs
 
 
-def measure(platform: Platform, name: str) -> tuple[float, float]:
-    """The function's warm time at batch 1 (median of 15, one at a time, from the client) and its
-    cold start (creation to ready of the instance its deploy started)."""
+def measure(platform: Platform, name: str) -> tuple[float, float, dict | None]:
+    """The function's warm time at batch 1 (median of 15, one at a time, from the client), its
+    cold start (creation to ready of the serving instance its deploy started), and its profile."""
     times = []
     for index in range(15):
         began = time.perf_counter()
         assert platform.invoke(name, [index]).status_code == 200
         times.append(time.perf_counter() - began)
-    instance = platform.instances(name)[0]
+    instance = [i for i in platform.instances(name) if i["role"] == "serve" and i["ready_at"]][0]
     cold = (datetime.fromisoformat(instance["ready_at"]) - datetime.fromisoformat(instance["created_at"]))
-    return statistics.median(times), cold.total_seconds()
+    profile = platform.function(name).get("profile")
+    return statistics.median(times), cold.total_seconds(), profile if (profile or {}).get("status") == "done" else None
 
 
 async def replay(platform: Platform, arrivals: dict[str, np.ndarray]) -> dict[str, Tally]:
@@ -189,23 +191,28 @@ async def replay(platform: Platform, arrivals: dict[str, np.ndarray]) -> dict[st
     return tallies
 
 
-def simulated(arrivals: dict[str, np.ndarray], measured: dict[str, tuple[float, float]], seconds: float
-              ) -> dict[str, Tally]:
+def simulated(arrivals: dict[str, np.ndarray], measured: dict[str, tuple[float, float, dict | None]],
+              seconds: float) -> dict[str, Tally]:
     """Each function alone through the simulator (so that its figures are its own), with the
-    platform's measured times."""
+    platform's measured times and, where the platform profiled it, its profile's batch (the lazy
+    scaler then runs, as on the platform)."""
     tallies = {}
     for name, base, _ in FUNCTIONS:
-        warm, cold = measured[name]
+        warm, cold, live_profile = measured[name]
+        batch = int(live_profile["batch"]) if live_profile else BATCH
         overhead = max(0.0, warm - (base + PER_ITEM_S))   # gateway, HTTP and the instance's own path
         rows = [(b, sm, base + PER_ITEM_S * b + overhead, b / (base + PER_ITEM_S * b + overhead))
                 for b in range(1, BATCH + 1) for sm in (1, 100)]
-        profile = Profile(kind="inference", sm_request=0.1, sm_limit=0.1, batch=BATCH,
-                          throughput_per_s=BATCH / rows[-1][2], latency_s=rows[-1][2], trials=0)
+        at_batch = base + PER_ITEM_S * batch + overhead
+        # The scaling yardstick is what the platform's profiling measured, as the controller uses it.
+        throughput = float(live_profile["throughput_per_s"]) if live_profile else batch / at_batch
+        profile = Profile(kind="inference", sm_request=0.1, sm_limit=0.1, batch=batch,
+                          throughput_per_s=throughput, latency_s=at_batch, trials=0)
         model = ModelProfile(name=name, table=TableRunner(rows), slo_s=slo_s(base), profile=profile, memory_gb=0.25)
         setup = ServingSetup(arrivals=arrivals[name], models=(model,), per_function=(arrivals[name],),
                              gpus=4, gpus_per_node=4, trainings=0, tick_s=0.01, cold_start_s=cold,
                              keep_alive_s=KEEP_ALIVE_S, max_instances=MAX_INSTANCES, duration_s=seconds + 30,
-                             profiled=False)
+                             profiled=live_profile is not None)
         result = simulate_serving(build_policies()["dilu"], setup)
         tallies[name] = Tally(arrivals=result.arrivals, violations=result.violations,
                               latencies=list(result.latencies), instance_s=result.instance_seconds,
@@ -232,7 +239,7 @@ def report(live: dict[str, Tally], sim: dict[str, Tally], measured: dict[str, tu
                       sum(t.instance_s for t in sim.values()), sum(t.cold_starts for t in sim.values()),
                       sum(t.starts for t in sim.values()))
     for name, a, b in rows + [("all", total_live, total_sim)]:
-        warm, cold = measured.get(name, (float("nan"), float("nan")))
+        warm, cold, _ = measured.get(name, (float("nan"), float("nan"), None))
         va, vb = a.violations / max(1, a.arrivals), b.violations / max(1, b.arrivals)
         print(f"{name:<9}{warm * 1000:>8.1f}{cold:>7.2f}  {va:>9.2%}/{vb:<9.2%} {ratio(vb, va):>6}  "
               f"{a.cold_starts:>5}/{b.cold_starts:<5} {ratio(b.cold_starts, a.cold_starts):>6}  "
@@ -260,21 +267,28 @@ def main() -> None:
     parser.add_argument("--compress", type=float, default=4.0, help="trace seconds per replayed second")
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--timeline", action="store_true", help="also print the live run second by second")
+    parser.add_argument("--unprofiled", action="store_true", help="deploy without profiling: the functions then "
+                        "scale by concurrency instead of the lazy scaler")
     args = parser.parse_args()
     global TIMELINE
     TIMELINE = args.timeline
     workdir = Path(tempfile.mkdtemp(prefix="dilu-simlive-"))
-    platform = Platform(workdir / "home")
+    platform = Platform(workdir / "home", env={} if args.unprofiled else
+                        {"DILU_PROFILING": "true", "DILU_PROFILE_TRIAL_S": "0.4"})
     try:
         specs = write_functions(workdir)
         for spec in specs:
             assert platform.deploy_file(spec).status_code == 201, spec
         for name, _, _ in FUNCTIONS:
-            platform.wait_ready(name)
+            platform.wait_ready(name, timeout=300)
         measured = {name: measure(platform, name) for name, _, _ in FUNCTIONS}
         arrivals = {name: arrivals_for(shape, BATCH / (base + PER_ITEM_S * BATCH), args.seconds, args.compress,
                                        args.seed + k)
                     for k, (name, base, shape) in enumerate(FUNCTIONS)}
+        for name, (warm, cold, profile) in measured.items():
+            print(f"{name}: warm {warm * 1000:.0f} ms, cold start {cold:.2f} s, "
+                  + (f"profiled: batch {profile['batch']}, {profile['throughput_per_s']:.1f} req/s" if profile
+                     else "not profiled"))
         print(f"replaying {sum(len(a) for a in arrivals.values())} requests over {args.seconds:g} s "
               f"({', '.join(f'{n}: {shape}' for n, _, shape in FUNCTIONS)}, compressed {args.compress:g}x)",
               flush=True)

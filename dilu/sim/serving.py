@@ -282,7 +282,8 @@ def _scale(policy: SimPolicy, setup: ServingSetup, fn: _Function, now: float, pa
         now=now, current=current, min_instances=0, max_instances=setup.max_instances,
         starting=sum(1 for i in fn.instances if now < i.ready_at), queued=len(fn.queue),
         in_flight=sum(i.in_batch for i in fn.instances if i.free_at > now), concurrency_per_instance=2 * p.batch,
-        rate_per_s=rate, throughput_per_instance=model.capacity(p.sm_request) if setup.profiled else None,
+        # The controller's yardstick is the profile's measured throughput, as here.
+        rate_per_s=rate, throughput_per_instance=p.throughput_per_s if setup.profiled else None,
         at_vertical_limit=at_limit, latency_target_s=model.slo_s,
         idle_s=now - last, cold_start_s=setup.cold_start_s,
         keep_alive_s=setup.keep_alive_s, memory_gb=model.memory_gb),
