@@ -29,7 +29,8 @@ def simulate(
     load: Annotated[float, typer.Option(min=0.01, max=100, help="Busy-second demand per function, in instances "
                                                                 "at the profiled request share")] = 0.7,
     cold_start_s: Annotated[float, typer.Option(min=0, max=3600, help="Measured cold-start cost")] = 5.0,
-    duration_s: Annotated[float | None, typer.Option(min=1, help="Serving time simulated (default: the trace)")] = None,
+    duration_s: Annotated[float | None, typer.Option(min=1, max=604_800, help="Serving time simulated (default: the "
+                                                     "trace; a rate trace repeats), at most a week")] = None,
     tick_s: Annotated[float, typer.Option(min=0.005, max=1.0)] = 0.1,
     price: Annotated[float, typer.Option(min=0, help="Price of one GPU-hour, for the cost column")] = 2.0,
     seed: Annotated[int, typer.Option()] = 0,
