@@ -107,9 +107,8 @@ def arrivals_for(shape: str, capacity: float, seconds: float, compress: float, s
     """Poisson arrivals following a rate shape, ``compress`` x faster, scaled so that its busiest
     seconds (95th percentile) ask 1.5 x ``capacity``."""
     rates = np.array([float(x) for x in (ROOT / "data" / "traces" / "rps" / f"{shape}.txt").read_text().split()])
-    per_second = np.add.reduceat(np.repeat(rates, 1), np.arange(0, len(rates), 1))   # one value a second
-    squeezed = np.array([per_second[int(i * compress):int((i + 1) * compress)].mean()
-                         for i in range(int(len(per_second) / compress))])[:int(seconds)]
+    squeezed = np.array([rates[int(i * compress):int((i + 1) * compress)].mean()
+                         for i in range(int(len(rates) / compress))])[:int(seconds)]
     busy = max(float(np.percentile(squeezed, 95)), 1e-9)
     return from_rates(squeezed * 1.5 * capacity / busy, np.random.default_rng(seed))
 
