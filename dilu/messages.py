@@ -6,6 +6,8 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from dilu.workflows.hints import WorkflowHint
+
 # Instance states as the worker observes them.
 STARTING, READY, STOPPING, STOPPED, FAILED, LOST = "starting", "ready", "stopping", "stopped", "failed", "lost"
 ACTIVE_STATES = frozenset({STARTING, READY})
@@ -115,7 +117,4 @@ class FunctionActivity:
     queued: int = 0
     last_request_at: float | None = None   # the latest a request began or was answered: idle since then
     requests: dict[int, int] = field(default_factory=dict)  # unix second -> count
-    expected_until: float | None = None   # a workflow will need it until then (unix time): keep or load it
-    release_idle_until: float | None = None   # until then it may be unloaded once idle (its loading hides in a
-                                              # workflow's slack)
-    direct_at: float | None = None        # the latest request that did not come from a workflow
+    workflow: WorkflowHint = field(default_factory=WorkflowHint)   # what its workflows need of it

@@ -7,12 +7,14 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from dilu.workflows.loading import WorkflowLoader
 from gateway.auth import AuthGate
 from gateway.errors import KeepsConnections, errors_in_openapi, install_error_handlers
 from gateway.limits import BodyLimits
 from gateway.routes import bundles, dashboard, functions, invoke, keys, system, workflows
 from gateway.services import GatewayServices
 from gateway.v2 import rest as v2_rest
+from gateway.workflow_platform import GatewayPlatform
 
 
 def create_app(build_services: Callable[[], Awaitable[GatewayServices]],
@@ -23,10 +25,12 @@ def create_app(build_services: Callable[[], Awaitable[GatewayServices]],
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         services = await build_services()
         app.state.services = services
+        app.state.workflows = WorkflowLoader(GatewayPlatform(services), services.store)
         await services.start()
         try:
             yield
         finally:
+            app.state.workflows.close()
             await services.stop()
             if release is not None:
                 await release(services)

@@ -21,10 +21,10 @@ from dilu.default_impl import create_scheduler
 from dilu.messages import READY, Endpoint, FunctionStatus, InstanceRole
 from dilu.state.base import Channel, StateStore, follow
 from dilu.failures import OUTAGES, FailureLog, describe
+from dilu.workflows.hints import WorkflowHints
 from gateway.auth import Authenticator
 from gateway.origin import is_loopback
 from gateway.dashboard.view import LatencyWindow, ShareHistory, sample
-from gateway.workflow_loading import WorkflowHistory
 from gateway.forward import Forwarder
 from gateway.routing import RoutingTable
 from dilu.worker_client import WorkerDirectory
@@ -79,58 +79,19 @@ class FunctionCache:
 
 
 class ActivityRecorder:
-    """Counts requests locally and flushes them to the state store, so the hot path does no I/O."""
+    """Counts requests locally and flushes them to the state store, so the hot path does no I/O;
+    beside each function's load it publishes its workflows' hint (``hints``)."""
 
     def __init__(self, routing: RoutingTable) -> None:
         self._routing = routing
         self._counts: dict[str, dict[int, int]] = {}
         self._last_request: dict[str, float] = {}
-        self._expected: dict[str, dict[object, float]] = {}    # function: {who expects it: until}
-        self._release: dict[str, float] = {}
-        self._last_direct: dict[str, float] = {}
-
-    def expect(self, function: str, until: float, owner: object = None) -> None:
-        """A workflow will need ``function`` until ``until`` (unix time): the controller starts an
-        instance if none runs, and keeps it meanwhile. ``owner`` (a request, a pre-warm) may
-        withdraw its own expectation sooner (``fulfilled``); the latest of all counts."""
-        mine = self._expected.setdefault(function, {})
-        mine[owner] = max(until, mine.get(owner, 0.0))
-
-    def expects(self, function: str) -> bool:
-        """Whether anyone (a request, a pre-warm, a hold) still expects ``function`` now."""
-        now = time.time()
-        return any(until > now for until in self._expected.get(function, {}).values())
-
-    def fulfilled(self, function: str, owner: object) -> None:
-        """``owner`` no longer needs ``function`` (its node is done): only others' expectations keep it."""
-        mine = self._expected.get(function)
-        if mine is not None:
-            mine.pop(owner, None)
-
-    def take_over(self, function: str, previous: object, owner: object, until: float) -> bool:
-        """``owner`` takes over ``previous``'s expectation of ``function`` (now until ``until``);
-        False, and nothing changes, when ``previous`` has none."""
-        mine = self._expected.get(function)
-        if mine is None or previous not in mine:
-            return False
-        del mine[previous]
-        mine[owner] = max(until, mine.get(owner, 0.0))
-        return True
-
-    def releasable_now(self, function: str) -> bool:
-        """Whether a release hint covers ``function`` now (so it may be unloaded once idle)."""
-        return self._release.get(function, 0.0) > time.time()
-
-    def release_when_idle(self, function: str, until: float) -> None:
-        """Until ``until``, ``function`` may be unloaded as soon as it is idle: its loading hides in
-        a workflow's slack. The controller ignores it while the function also serves direct
-        requests (``direct_at``, the latest over all gateways)."""
-        self._release[function] = max(until, self._release.get(function, 0.0))
+        self.hints = WorkflowHints()
 
     def started(self, function: str, direct: bool = True) -> None:
         now = time.time()
         if direct:
-            self._last_direct[function] = now
+            self.hints.direct(function, now)
         per_second = self._counts.setdefault(function, {})
         second = int(now)
         per_second[second] = per_second.get(second, 0) + 1
@@ -145,16 +106,12 @@ class ActivityRecorder:
     def take(self, functions: list[str]) -> tuple[dict[str, dict[str, Any]], dict[str, dict[int, int]]]:
         """The snapshot to publish and the counts gathered since the last call."""
         counts, self._counts = self._counts, {}
-        now = time.time()
-        self._expected = {name: live for name, owners in self._expected.items()
-                          if (live := {owner: until for owner, until in owners.items() if until > now})}
-        self._release = {name: until for name, until in self._release.items() if until > now}
-        expected = {name: max(owners.values()) for name, owners in self._expected.items()}
+        hints = self.hints.snapshot(time.time())
         snapshot = {
             name: {"in_flight": self._routing.in_flight(name), "queued": self._routing.queued(name),
-                   "last_request_at": self._last_request.get(name), "expected_until": expected.get(name),
-                   "release_idle_until": self._release.get(name), "direct_at": self._last_direct.get(name)}
-            for name in set(functions) | set(self._last_request) | set(self._expected)
+                   "last_request_at": self._last_request.get(name),
+                   "workflow": hints[name].to_wire() if name in hints else None}
+            for name in set(functions) | set(self._last_request) | set(hints)
         }
         return snapshot, counts
 
@@ -178,7 +135,6 @@ class GatewayServices:
         # What a request takes once an instance has it (waits for a cold start left out): the
         # expected time of a workflow's node, which the plan of its loads builds on.
         self.service_time = LatencyWindow()
-        self.workflows = WorkflowHistory()   # each workflow's recent arrivals, and how often its nodes ran
         self._background: set[asyncio.Task] = set()
         self.shares = ShareHistory()       # the dashboard's granted/used shares over time
         self._tasks: list[asyncio.Task] = []

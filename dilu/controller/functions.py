@@ -25,7 +25,6 @@ from dilu.messages import ACTIVE_STATES, READY, FunctionActivity, FunctionStatus
 from dilu.policy.autoscale import ScalingInputs, ScalingParams, ScalingState, observe_second, plan
 from dilu.policy.horizontal import HorizontalParams
 from dilu.policy.keepalive import KeepAliveParams
-from dilu.policy.node_keepalive import releasable
 from dilu.policy.replicas import ReplicaDecision
 
 log = logging.getLogger(__name__)
@@ -112,8 +111,8 @@ class FunctionManager:
             idle_s=math.inf if last_active is None else max(0.0, now - last_active),
             cold_start_s=cold_start_estimate(rows, function.version, self.settings.cold_start_default_s),
             keep_alive_s=scaling.keep_alive_s, memory_gb=spec.resources.memory / 2**30,
-            expected=activity.expected_until is not None and activity.expected_until > now,
-            release_idle=releasable(activity.release_idle_until, activity.direct_at, now)), memory.scaling, self.params)
+            expected=activity.workflow.expected(now), release_idle=activity.workflow.releasable(now)),
+            memory.scaling, self.params)
         return decision
 
     def forget_except(self, current: set[tuple[str, int]]) -> None:

@@ -50,7 +50,7 @@ def wake_in_s(activity: dict[str, FunctionActivity], now: float, interval_s: flo
     """How long the loop may sleep: the interval, or less when a workflow's expectation of a
     function ends sooner (a node loaded for a request may be released the moment it does, and
     every fraction of a second it stays is memory held for nothing)."""
-    ends = [a.expected_until for a in activity.values() if a.expected_until is not None and a.expected_until > now]
+    ends = [a.workflow.expected_until for a in activity.values() if a.workflow.expected(now)]
     return min([interval_s, *(end - now + 0.01 for end in ends)])
 
 

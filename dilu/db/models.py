@@ -101,7 +101,7 @@ class LoadingStagesRow(Base):
 
 
 class WorkflowRow(Base):
-    """A workflow: a DAG of functions (``dilu.workflow``), stored as written."""
+    """A workflow: a DAG of functions (``dilu.workflows.spec``), stored as written."""
 
     __tablename__ = "workflows"
 

@@ -14,6 +14,7 @@ from enum import Enum
 from typing import Any, Protocol
 
 from dilu.messages import Endpoint, FunctionActivity, WorkerInfo
+from dilu.workflows.hints import WorkflowHint, merge_hints
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,13 @@ class StateStore(Protocol):
     async def get_routes(self) -> dict[str, list[Endpoint]]:
         """The whole routing table."""
 
+    async def append_history(self, key: str, item: dict[str, Any], keep: int, ttl_s: float) -> None:
+        """Appends ``item`` to the list ``key``, keeping its newest ``keep``; the list is gone
+        ``ttl_s`` after its last append (what every gateway's requests said, shared)."""
+
+    async def histories(self, keys: list[str]) -> dict[str, list[dict[str, Any]]]:
+        """Each list's items, oldest first (empty for a list never appended to)."""
+
     async def publish(self, channel: Channel, message: dict[str, Any]) -> None:
         """Best-effort broadcast to current subscribers of ``channel``."""
 
@@ -87,10 +95,7 @@ def merge_activity(snapshots: list[dict[str, dict[str, Any]]],
             last = item.get("last_request_at")
             if last is not None and (into["last_request_at"] is None or last > into["last_request_at"]):
                 into["last_request_at"] = last
-            for latest in ("expected_until", "release_idle_until", "direct_at"):   # the latest of the gateways'
-                value = item.get(latest)
-                if value is not None and (into.get(latest) is None or value > into[latest]):
-                    into[latest] = float(value)
+            into.setdefault("hints", []).append(WorkflowHint.from_wire(item.get("workflow")))
     names = set(merged) | set(counts)
     return {
         name: FunctionActivity(
@@ -98,9 +103,7 @@ def merge_activity(snapshots: list[dict[str, dict[str, Any]]],
             queued=merged.get(name, {}).get("queued", 0),
             last_request_at=merged.get(name, {}).get("last_request_at"),
             requests=dict(counts.get(name, {})),
-            expected_until=merged.get(name, {}).get("expected_until"),
-            release_idle_until=merged.get(name, {}).get("release_idle_until"),
-            direct_at=merged.get(name, {}).get("direct_at"),
+            workflow=merge_hints(merged.get(name, {}).get("hints", [])),
         )
         for name in names
     }

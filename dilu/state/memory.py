@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from typing import Any
 
 from dilu.messages import Endpoint, FunctionActivity, WorkerInfo
@@ -21,6 +22,7 @@ class MemoryStore:
         self._routes: dict[str, list[Endpoint]] = {}
         self._telemetry: dict[str, tuple[dict[str, dict[str, Any]], float]] = {}
         self._subscribers: dict[str, set[asyncio.Queue]] = {}
+        self._histories: dict[str, tuple[deque[dict[str, Any]], float]] = {}
 
     async def heartbeat(self, info: WorkerInfo, ttl_s: float) -> None:
         self._workers[info.id] = (info, self._clock() + ttl_s)
@@ -64,6 +66,23 @@ class MemoryStore:
 
     async def get_routes(self) -> dict[str, list[Endpoint]]:
         return {name: list(endpoints) for name, endpoints in self._routes.items()}
+
+    async def append_history(self, key: str, item: dict[str, Any], keep: int, ttl_s: float) -> None:
+        items = self._live_history(key)
+        if items is None or items.maxlen != keep:
+            items = deque(items or (), maxlen=keep)
+        items.append(dict(item))
+        self._histories[key] = (items, self._clock() + ttl_s)
+
+    async def histories(self, keys: list[str]) -> dict[str, list[dict[str, Any]]]:
+        return {key: [dict(item) for item in self._live_history(key) or ()] for key in keys}
+
+    def _live_history(self, key: str) -> deque[dict[str, Any]] | None:
+        found = self._histories.get(key)
+        if found is None or found[1] <= self._clock():
+            self._histories.pop(key, None)
+            return None
+        return found[0]
 
     async def publish(self, channel: Channel, message: dict[str, Any]) -> None:
         for queue in list(self._subscribers.get(channel.value, ())):

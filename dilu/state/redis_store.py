@@ -79,6 +79,21 @@ class RedisStore:
         else:
             await self._redis.hdel(key, function)
 
+    async def append_history(self, key: str, item: dict[str, Any], keep: int, ttl_s: float) -> None:
+        name = self._key("history", key)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.rpush(name, json.dumps(item))
+            pipe.ltrim(name, -keep, -1)
+            pipe.pexpire(name, int(ttl_s * 1000))
+            await pipe.execute()
+
+    async def histories(self, keys: list[str]) -> dict[str, list[dict[str, Any]]]:
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.lrange(self._key("history", key), 0, -1)
+            lists = await pipe.execute()
+        return {key: [json.loads(item) for item in items] for key, items in zip(keys, lists)}
+
     async def get_routes(self) -> dict[str, list[Endpoint]]:
         raw = await self._redis.hgetall(self._key("routes"))
         return {name: [Endpoint(**item) for item in json.loads(value)] for name, value in raw.items()}

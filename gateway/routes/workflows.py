@@ -14,14 +14,12 @@ from pydantic import BaseModel, Field
 
 from dilu.db import repo
 from dilu.limits import LimitExceeded, check_json_depth, load_finite_json
-from dilu.workflow import WorkflowError, check_functions, make_workflow, workflow_from_dict, workflow_to_dict
-from gateway.deps import ServicesDep
+from dilu.workflows.run import WorkflowFailed
+from dilu.workflows.spec import WorkflowError, check_functions, make_workflow, workflow_from_dict, workflow_to_dict
+from gateway.deps import ServicesDep, WorkflowsDep
 from gateway.docs import AUTH_ERRORS, SECURED, ErrorBody, errors
 from gateway.errors import error_response
 from gateway.limits import BodyTooLarge, read_capped
-from gateway.routes.invoke import invoke_body
-from gateway.workflow_loading import branch_chosen, keep_nodes, node_finished, request_finished, schedule_loads
-from gateway.workflow_run import WorkflowFailed, run_workflow
 
 router = APIRouter(prefix="/v1/workflows", tags=["workflows"], dependencies=SECURED, responses=AUTH_ERRORS)
 
@@ -40,7 +38,7 @@ class WorkflowPublic(BaseModel):
     created_at: datetime
     updated_at: datetime
     keep: dict[str, dict[str, Any]] = Field(
-        default_factory=dict, description="loading: slack: this gateway's latest keep decision per node "
+        default_factory=dict, description="loading: slack: the latest keep decision per node (any gateway's) "
                                           "({verdict: hold|prewarm|release|default, exposed_s, reason})")
 
 
@@ -100,8 +98,9 @@ async def _load(services, name: str):  # noqa: ANN001, ANN202
 
 
 @router.get("/{name}", response_model=WorkflowPublic, responses=errors(404))
-async def get_workflow(name: str, request: Request, services: ServicesDep) -> WorkflowPublic:
-    return _public(await _load(services, name), request, services.workflows.decisions(name))
+async def get_workflow(name: str, request: Request, services: ServicesDep,
+                       workflows: WorkflowsDep) -> WorkflowPublic:
+    return _public(await _load(services, name), request, await workflows.decisions(name))
 
 
 @router.delete("/{name}", responses=errors(404))
@@ -124,7 +123,7 @@ async def delete_workflow(name: str, services: ServicesDep) -> dict[str, str]:
     504: {"model": ErrorBody, "description": "A node, or the whole workflow, ran past its limit"}},
     openapi_extra={"requestBody": {"required": True, "description": "The JSON input of the workflow's root nodes",
                                    "content": {"application/json": {"schema": {}}}}})
-async def invoke_workflow(name: str, request: Request, services: ServicesDep,
+async def invoke_workflow(name: str, request: Request, services: ServicesDep, workflows: WorkflowsDep,
                           timings: bool = Query(False, description="Answer with each node's timings")) -> Any:
     """Runs the workflow on one JSON input: each node through the same queue, batching and scaling
     as a direct invocation of its function, siblings in parallel."""
@@ -141,42 +140,15 @@ async def invoke_workflow(name: str, request: Request, services: ServicesDep,
     except (ValueError, RecursionError) as exc:
         return error_response(400, f"request body is not valid JSON: {exc}")
 
-    waits: dict[str, float] = {}     # per function: how long its node waited for an instance
-
-    async def call(function: str, node_body: bytes) -> tuple[int, bytes]:
-        began = time.monotonic()
-        # A node reached cold waits for the load its request asked for (or took over from a
-        # pre-warm), or loads its function now: that load runs beside the nodes running meanwhile.
-        cold = None if services.routing.endpoints(function) else (
-            services.workflows.in_flight(function, loads) or services.workflows.load_began(function, began, loads))
-        outcome = await invoke_body(services, function, node_body, max_bytes=max(limit, len(node_body)),
-                                    from_workflow=True)
-        if cold is not None:
-            services.workflows.load_ended(cold, began + outcome.queued_s)
-        waits[function] = max(waits.get(function, 0.0), outcome.queued_s)
-        if outcome.status < 400:
-            services.workflows.served(name, function, began + outcome.queued_s, time.monotonic())
-        return outcome.status, outcome.body
-
     spec = workflow_from_dict(row.spec)
     started = time.perf_counter()   # the executor's clock, so the total covers every node's times
-    loads = schedule_loads(services, name, spec)
     try:
-        output, runs = await run_workflow(spec, payload, call,
-                                          lambda node, runs: node_finished(services, loads, spec, node, runs),
-                                          lambda node: branch_chosen(services, loads, spec, node))
-        services.workflows.record(name, runs)
-        services.workflows.waited(name, loads.ahead, runs, waits, spec)
+        output, runs = await workflows.invoke(name, spec, payload)
     except WorkflowFailed as failure:
-        services.workflows.record(name, failure.runs)
-        request_finished(services, loads, spec)
-        services.spawn(services.wake_controller())    # what it no longer needs may go now
         content: dict[str, Any] = {"error": failure.message, "node": failure.node}
         if timings:
             content["nodes"] = {n: r.to_dict() for n, r in failure.runs.items()}
         return JSONResponse(content, status_code=failure.status)
-    request_finished(services, loads, spec)
-    keep_nodes(services, name, spec)     # wakes the controller for what may go now
     if timings:
         output = {"output": output, "nodes": {n: r.to_dict() for n, r in runs.items()},
                   "total_ms": round((time.perf_counter() - started) * 1000, 3)}

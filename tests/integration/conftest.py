@@ -8,6 +8,9 @@ import pytest
 from sqlalchemy import inspect
 
 from dilu.db.engine import make_engine, make_session_factory, migrate
+from dilu.state.memory import MemoryStore
+from dilu.state.redis_store import RedisStore
+from tests.conftest import REDIS_URL
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -21,3 +24,15 @@ def sessions(request: pytest.FixtureRequest, tmp_path: Path):  # noqa: ANN201
     assert {"functions", "instances", "workers", "scaling_events"} <= set(inspect(engine).get_table_names())
     yield make_session_factory(engine)
     engine.dispose()
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def store(request: pytest.FixtureRequest):  # noqa: ANN201
+    """The state store contract's two implementations: the in-process one and the real Redis."""
+    if request.param == "memory":
+        instance = MemoryStore()
+    else:
+        instance = RedisStore(REDIS_URL, request.getfixturevalue("redis_prefix"))
+        await instance.ping()
+    yield instance
+    await instance.close()

@@ -8,22 +8,8 @@ import pytest
 
 from dilu.messages import Endpoint
 from dilu.state.base import Channel
-from dilu.state.memory import MemoryStore
-from dilu.state.redis_store import RedisStore
 from tests.builders import make_worker
-from tests.conftest import REDIS_URL
 from tests.waiting import async_eventually
-
-
-@pytest.fixture(params=["memory", "redis"])
-async def store(request: pytest.FixtureRequest):  # noqa: ANN201
-    if request.param == "memory":
-        instance = MemoryStore()
-    else:
-        instance = RedisStore(REDIS_URL, request.getfixturevalue("redis_prefix"))
-        await instance.ping()
-    yield instance
-    await instance.close()
 
 
 async def test_heartbeats_expire(store) -> None:  # noqa: ANN001
@@ -67,3 +53,11 @@ async def test_publish_reaches_subscribers_of_that_channel_only(store) -> None: 
     assert await routes.get(timeout=0.2) is None
     await demand.aclose()
     await routes.aclose()
+
+
+async def test_histories_keep_the_newest_items_of_each_key(store) -> None:  # noqa: ANN001
+    for i in range(5):
+        await store.append_history("w", {"i": i}, keep=3, ttl_s=30)
+    await store.append_history("v", {"i": "v"}, keep=3, ttl_s=30)
+    assert await store.histories(["w", "v", "never"]) == {"w": [{"i": 2}, {"i": 3}, {"i": 4}],
+                                                          "v": [{"i": "v"}], "never": []}

@@ -23,10 +23,12 @@ def test_merge_activity_sums_gateways_and_keeps_latest_request() -> None:
 
 def test_merge_activity_keeps_the_latest_workflow_hints_of_any_gateway() -> None:
     merged = merge_activity(
-        [{"f": {"expected_until": 50.0, "release_idle_until": 40.0, "direct_at": None}},
-         {"f": {"expected_until": 45.0, "release_idle_until": None, "direct_at": 30.0}}], {})
-    assert merged["f"].expected_until == 50.0 and merged["f"].release_idle_until == 40.0
-    assert merged["f"].direct_at == 30.0          # a direct request at another gateway still counts
+        [{"f": {"workflow": {"expected_until": 50.0, "release_idle_until": 40.0, "direct_at": None}}},
+         {"f": {"workflow": {"expected_until": 45.0, "release_idle_until": None, "direct_at": 30.0}}},
+         {"f": {"in_flight": 1}}], {})
+    hint = merged["f"].workflow
+    assert hint.expected_until == 50.0 and hint.release_idle_until == 40.0
+    assert hint.direct_at == 30.0          # a direct request at another gateway still counts
 
 
 @pytest.mark.parametrize(("code", "log", "expected"), [
@@ -66,7 +68,9 @@ def test_the_controller_wakes_when_a_workflows_expectation_ends() -> None:
     from dilu.controller.reconciler import wake_in_s
     from dilu.messages import FunctionActivity
 
-    activity = {"a": FunctionActivity(expected_until=100.3), "b": FunctionActivity(expected_until=100.8),
-                "c": FunctionActivity(expected_until=99.0), "d": FunctionActivity()}
+    from dilu.workflows.hints import WorkflowHint
+
+    activity = {"a": FunctionActivity(workflow=WorkflowHint(100.3)), "b": FunctionActivity(workflow=WorkflowHint(100.8)),
+                "c": FunctionActivity(workflow=WorkflowHint(99.0)), "d": FunctionActivity()}
     assert wake_in_s(activity, now=100.0, interval_s=0.5) == pytest.approx(0.31)   # a's ends first
     assert wake_in_s({"c": activity["c"], "d": activity["d"]}, now=100.0, interval_s=0.5) == 0.5

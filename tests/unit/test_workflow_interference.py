@@ -1,11 +1,11 @@
-"""What loads beside a workflow request cost the nodes running meanwhile (pure), on the DAG of test_slack."""
+"""What loads beside a workflow request cost the nodes running meanwhile (pure), on the DAG of test_workflow_plan."""
 
 from __future__ import annotations
 
 import pytest
 
-from dilu.policy.interference import critical_path_s, interference_s, loading_costs, shares
-from tests.unit.test_slack import SPEC
+from dilu.workflows.interference import critical_path_s, interference_s, loading_costs, shares
+from tests.unit.test_workflow_plan import SPEC
 
 pytestmark = pytest.mark.unit
 

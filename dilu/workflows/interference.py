@@ -7,7 +7,7 @@ request takes longer although no node waited. That slowdown is part of what the 
 
 From each node's service time measured *alone* (no load in flight while it ran) and *beside*
 loads, the request's critical path is computed both ways (the DAG walked with those times, as
-``dilu.policy.slack`` does); the difference is the interference. It is shared among the nodes
+``dilu.workflows.plan`` does); the difference is the interference. It is shared among the nodes
 whose loads ran beside the request's nodes, in proportion to how long each overlapped them (the
 root, loaded before anything runs, takes none), and adds to what each of them costs a request
 when it is not loaded ahead.
@@ -18,8 +18,8 @@ nodes are all loaded beforehand measures it (the keep-alive rule pre-warms them 
 
 from __future__ import annotations
 
-from dilu.policy.slack import NodeEstimate, plan
-from dilu.workflow import WorkflowSpec
+from dilu.workflows.plan import NodeEstimate, plan
+from dilu.workflows.spec import WorkflowSpec
 
 NOTICEABLE_S = 0.02      # below this, a measured time is within a request's run-to-run noise
 

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dilu.workflow import WorkflowSpec
+from dilu.workflows.spec import WorkflowSpec
 
 Call = Callable[[str, bytes], Awaitable[tuple[int, bytes]]]   # (function, JSON body) -> (status, body)
 

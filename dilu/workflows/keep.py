@@ -42,7 +42,7 @@ ancestors take, all warm): ``exposed = max(0, cold_start - slack)``.
 - Otherwise ``exposed`` is the larger of the estimate (counted only above the margin: it is a difference
   of estimates) and what was **measured**: what the node still waited when loaded in the slack,
   plus its share of the slowdown its load caused to the nodes running meanwhile
-  (``dilu.policy.interference``, which leaves out what is within a request's noise); below
+  (``dilu.workflows.interference``, which leaves out what is within a request's noise); below
   ``NEGLIGIBLE_S`` it counts as none.
 - A node whose measured cost is not known yet (``probe``) is pre-warmed whenever that is
   possible, so that a request runs with nothing loading beside it and measures the difference.
@@ -52,9 +52,10 @@ ancestors take, all warm): ``exposed = max(0, cold_start - slack)``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
-from dilu.policy.slack import MIN_BRANCH_PROBABILITY, NodeEstimate, behind_conditions, plan
-from dilu.workflow import WorkflowSpec
+from dilu.workflows.plan import MIN_BRANCH_PROBABILITY, NodeEstimate, PlannedNode, behind_conditions, plan
+from dilu.workflows.spec import WorkflowSpec
 
 DEFAULT_PRICE = 0.01          # s of latency per GiB-second held
 WINDOW_QUANTILE = 0.9
@@ -68,16 +69,22 @@ MAX_WINDOW_S = 600.0
 MIN_GAPS = 2                  # gaps seen before holding anything
 NEGLIGIBLE_S = 0.01           # a measured cost below this leaves the node released (not to its keep-alive)
 GiB = 2**30
-DIRECT_QUIET_S = 60.0        # a function that served a direct request this recently is never released early
 # What stopping an instance costs the nodes of its request still running: the controller's pass,
 # the worker's stop and the process's exit take CPU beside them (a fan-in's four parallel nodes
 # took 93 ms instead of 56 ms, median, when their parent's instance stopped as they ran; two-core host).
 STOP_COST_S = 0.04
 
 
+class Verdict(StrEnum):
+    HOLD = "hold"             # kept loaded until the window ends
+    PREWARM = "prewarm"       # unloaded once idle, loaded again just before the next request is likely
+    RELEASE = "release"       # unloaded once idle, loaded in the next request's slack (or when reached)
+    DEFAULT = "default"       # too little history: the function's own keep-alive applies
+
+
 @dataclass(frozen=True)
 class NodeKeep:
-    verdict: str              # "hold" | "prewarm" | "release" | "default"
+    verdict: Verdict
     hold_s: float             # hold (or, pre-warmed, keep) it until this long from now; else 0
     exposed_s: float
     reason: str
@@ -103,16 +110,23 @@ def _idle(needed: dict[str, float], estimates: dict[str, NodeEstimate]) -> dict[
     return {name: round(max(0.0, at - estimates[name].cold_s), 6) for name, at in needed.items()}
 
 
-def _needed_at_s(spec: WorkflowSpec, estimates: dict[str, NodeEstimate]) -> dict[str, float]:
+def warm_timeline(spec: WorkflowSpec, estimates: dict[str, NodeEstimate]) -> dict[str, PlannedNode]:
+    """The request's timeline with every node warm: what slack and exposure are measured against."""
     warm = {n: NodeEstimate(e.exec_s, e.cold_s, True) for n, e in estimates.items()}
-    return {name: planned.needed_at_s for name, planned in plan(spec, warm, policy="on-demand").items()}
+    return plan(spec, warm, policy="on-demand")
 
 
-def decided_ahead_s(spec: WorkflowSpec, estimates: dict[str, NodeEstimate]) -> dict[str, float]:
+def _needed_at_s(spec: WorkflowSpec, estimates: dict[str, NodeEstimate],
+                 timeline: dict[str, PlannedNode] | None = None) -> dict[str, float]:
+    timeline = timeline or warm_timeline(spec, estimates)
+    return {name: planned.needed_at_s for name, planned in timeline.items()}
+
+
+def decided_ahead_s(spec: WorkflowSpec, estimates: dict[str, NodeEstimate],
+                    timeline: dict[str, PlannedNode] | None = None) -> dict[str, float]:
     """For each node with a condition: how long before the node is needed (everything warm) its
     condition is decided, when the node it reads answers."""
-    warm = {n: NodeEstimate(e.exec_s, e.cold_s, True) for n, e in estimates.items()}
-    timeline = plan(spec, warm, policy="on-demand")
+    timeline = timeline or warm_timeline(spec, estimates)
     return {node.name: round(max(0.0, timeline[node.name].needed_at_s - timeline[node.when.node].done_at_s), 6)
             for node in spec.nodes if node.when is not None}
 
@@ -135,20 +149,21 @@ def decide(spec: WorkflowSpec, estimates: dict[str, NodeEstimate], memory_bytes:
     """Each node's keep verdict after a request. ``margin_s``: an estimated exposure this small
     counts as none. ``ready_margin_s``: a pre-warm is ready this much before the next request is
     likely (small: the cold start it is loaded ahead by is already a long estimate of the
-    function's loads, see ``gateway.workflow_loading.lead_estimate``); a node needed as the
+    function's loads, see ``dilu.workflows.history.lead_estimate``); a node needed as the
     request arrives (a root) uses ``root_ready_margin_s``: nothing hides its lateness. ``elapsed_s``: since
     the request arrived (the gaps count from arrivals). ``observed_exposed``: what loading each
     node in the slack was measured to cost a request lately (its wait and its share of the
     slowdown of the nodes beside its load; noise already left out). ``probe``: nodes whose cost
     is not measured yet."""
     observed = observed_exposed or {}
-    needed = _needed_at_s(spec, estimates)     # when each node can run, everything warm
+    timeline = warm_timeline(spec, estimates)      # computed once: every measure below reads it
+    needed = _needed_at_s(spec, estimates, timeline)
     estimated, idle = _exposed(needed, estimates), _idle(needed, estimates)
     window = window_s(gaps)
     early = window_s(gaps, EARLY_QUANTILE)
     result = {}
     conditional = behind_conditions(spec)
-    decided_ahead = decided_ahead_s(spec, estimates)
+    decided_ahead = decided_ahead_s(spec, estimates, timeline)
     for node in spec.nodes:
         measured = observed.get(node.name, 0.0)
         shown = max(estimated[node.name] if estimated[node.name] > margin_s else 0.0,
@@ -157,10 +172,10 @@ def decide(spec: WorkflowSpec, estimates: dict[str, NodeEstimate], memory_bytes:
             # Loaded once chosen, not in the slack: hidden only by what runs after the decision.
             shown = round(max(0.0, estimates[node.name].cold_s - decided_ahead.get(node.name, 0.0)), 6)
         if shown == 0.0 and node.name not in probe:
-            result[node.name] = NodeKeep("release", 0.0, shown, "its loading hides in the slack")
+            result[node.name] = NodeKeep(Verdict.RELEASE, 0.0, shown, "its loading hides in the slack")
             continue
         if window is None or early is None:
-            result[node.name] = NodeKeep("default", 0.0, shown, "too few requests to weigh holding it")
+            result[node.name] = NodeKeep(Verdict.DEFAULT, 0.0, shown, "too few requests to weigh holding it")
             continue
         ran = ran_probability.get(node.name, 1.0)
         gib = memory_bytes.get(node.name, 0) / GiB
@@ -168,11 +183,11 @@ def decide(spec: WorkflowSpec, estimates: dict[str, NodeEstimate], memory_bytes:
         margin = ready_margin_s if needed[node.name] > 0 else max(ready_margin_s, root_ready_margin_s)
         unloaded = early - elapsed_s - lead - margin
         if node.name in probe and unloaded >= MIN_UNLOADED_S:
-            result[node.name] = NodeKeep("prewarm", window, shown, "pre-warmed once to measure what loading it "
+            result[node.name] = NodeKeep(Verdict.PREWARM, window, shown, "pre-warmed once to measure what loading it "
                                          "beside a request costs", prewarm_in_s=round(unloaded, 6))
             continue
         if shown == 0.0:
-            result[node.name] = NodeKeep("release", 0.0, shown, "its loading hides in the slack")
+            result[node.name] = NodeKeep(Verdict.RELEASE, 0.0, shown, "its loading hides in the slack")
             continue
         neither = sum(1 for g in gaps if g <= window) / len(gaps) * ran * shown
         # Held or pre-warmed, it is also loaded in the next request until it is needed.
@@ -183,14 +198,14 @@ def decide(spec: WorkflowSpec, estimates: dict[str, NodeEstimate], memory_bytes:
             prewarm = p_early * ran * shown + price * gib * (max(0.0, window - unloaded) + idle[node.name])
         best = min(hold, prewarm if prewarm is not None else hold, neither)
         if hold == best:
-            result[node.name] = NodeKeep("hold", window, shown, f"saves {neither:.3f} s per request for "
+            result[node.name] = NodeKeep(Verdict.HOLD, window, shown, f"saves {neither:.3f} s per request for "
                                          f"{hold:.3f} s-worth of memory over {window:.1f} s")
         elif prewarm == best:
-            result[node.name] = NodeKeep("prewarm", window, shown, f"unloaded for {unloaded:.1f} s of the "
+            result[node.name] = NodeKeep(Verdict.PREWARM, window, shown, f"unloaded for {unloaded:.1f} s of the "
                                          f"{window:.1f} s before the next request (costs {prewarm:.3f} s, "
                                          f"holding {hold:.3f} s)", prewarm_in_s=round(unloaded, 6))
         else:
-            result[node.name] = NodeKeep("release", 0.0, shown, f"holding it ({hold:.3f}) is worth more than "
+            result[node.name] = NodeKeep(Verdict.RELEASE, 0.0, shown, f"holding it ({hold:.3f}) is worth more than "
                                          f"the {neither:.3f} s it saves: loaded when needed")
     return result
 
@@ -213,10 +228,3 @@ def release_mid_request(gib: float, remaining_s: float, *, price: float = DEFAUL
     default price a few hundred MiB are kept to the end of a request that ends within seconds;
     a model of several GiB before a long tail leaves at once."""
     return price * gib * max(0.0, remaining_s) > stop_cost_s
-
-
-def releasable(release_idle_until: float | None, direct_at: float | None, now: float) -> bool:
-    """Whether a function may be unloaded once idle for its workflows' sake: a gateway said so
-    lately, and no direct request (one not from a workflow) came in the last ``DIRECT_QUIET_S``."""
-    return (release_idle_until is not None and release_idle_until > now
-            and (direct_at is None or now - direct_at > DIRECT_QUIET_S))

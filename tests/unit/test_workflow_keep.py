@@ -1,14 +1,15 @@
-"""The per-node keep-alive rule of workflows (pure), on the hand-checkable DAG of test_slack."""
+"""The per-node keep-alive rule of workflows (pure), on the hand-checkable DAG of test_workflow_plan."""
 
 from __future__ import annotations
 
 import pytest
 
-from dilu.policy.node_keepalive import (decide, decided_ahead_s, exposed_cold_s, idle_loaded_s, release_hint_s,
-                                        release_mid_request, releasable, window_s)
-from dilu.policy.slack import NodeEstimate
-from dilu.workflow import make_workflow
-from tests.unit.test_slack import SPEC, estimates
+from dilu.workflows.hints import WorkflowHint
+from dilu.workflows.keep import (decide, decided_ahead_s, exposed_cold_s, idle_loaded_s, release_hint_s,
+                                 release_mid_request, window_s)
+from dilu.workflows.plan import NodeEstimate
+from dilu.workflows.spec import make_workflow
+from tests.unit.test_workflow_plan import SPEC, estimates
 
 pytestmark = pytest.mark.unit
 
@@ -192,7 +193,7 @@ def test_window_is_a_quantile_of_the_gaps_and_bounded() -> None:
 ])
 def test_only_workflow_only_functions_are_released(release_until: float | None, direct_at: float | None,
                                                    expected: bool) -> None:
-    assert releasable(release_until, direct_at, now=100.0) is expected
+    assert WorkflowHint(None, release_until, direct_at).releasable(now=100.0) is expected
 
 
 @pytest.mark.parametrize("late_s", [0.0, 0.2, 0.39])
@@ -202,8 +203,8 @@ def test_a_release_hint_lasts_until_the_node_is_done_in_the_next_request(late_s:
     arrived, took, window = 0.0, 0.4, 4.0
     now = arrived + took
     next_done = arrived + window + late_s + took
-    assert releasable(now + release_hint_s(window, took), None, now=next_done)
-    assert not releasable(now + release_hint_s(window, took), None, now=next_done + took + 0.01)
+    assert WorkflowHint(None, now + release_hint_s(window, took)).releasable(now=next_done)
+    assert not WorkflowHint(None, now + release_hint_s(window, took)).releasable(now=next_done + took + 0.01)
 
 
 @pytest.mark.parametrize(("gib", "remaining_s", "price", "now"), [

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dilu.workflow import WorkflowSpec
+from dilu.workflows.spec import WorkflowSpec
 
 POLICIES = ("slack", "eager", "on-demand")
 MIN_BRANCH_PROBABILITY = 0.5   # a node behind a condition taken less often than this is not loaded ahead

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from dilu.workflow import WorkflowError, check_functions, make_workflow, workflow_from_dict, workflow_to_dict
-from gateway.workflow_run import WorkflowFailed, run_workflow
+from dilu.workflows.spec import WorkflowError, check_functions, make_workflow, workflow_from_dict, workflow_to_dict
+from dilu.workflows.run import WorkflowFailed, run_workflow
 
 pytestmark = pytest.mark.unit
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dilu.policy.slack import NodeEstimate, plan
-from dilu.workflow import make_workflow
+from dilu.workflows.plan import NodeEstimate, plan
+from dilu.workflows.spec import make_workflow
 
 pytestmark = pytest.mark.unit
 
