@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 
-import pytest
 
 from dilu.messages import Endpoint
 from dilu.state.base import Channel
