@@ -41,8 +41,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.platform import Platform  # noqa: E402  (reuses the harness that runs `dilu up`)
-from tests.waiting import eventually  # noqa: E402
+from tests.platform import Platform  # reuses the harness that runs `dilu up`
+from tests.waiting import eventually
 
 FUNCTIONS = {
     "noop": (ROOT / "examples" / "echo", "handler:Echo", {"hello": "dilu"}),

@@ -39,9 +39,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dilu.policy.isolation import IsolationParams  # noqa: E402
-from worker.tokens.manager import socket_path_for  # noqa: E402
-from worker.tokens.process import ManagerProcess  # noqa: E402
+from dilu.policy.isolation import IsolationParams
+from worker.tokens.manager import socket_path_for
+from worker.tokens.process import ManagerProcess
 
 BUILD = ROOT / "shim" / "build"
 SHIM = BUILD / "libdilu_shim.so"
@@ -232,7 +232,8 @@ def alone(device: FakeDevice | RealGpu, load: Load, shim: bool) -> Row:
     manager = _manager(device, device.capacity, isolation=True)
     try:
         manager.set_slice("lat", "latency", *LATENCY_SLICE)
-        return Row("latency alone, under the shim", _result(_start(device.latency(load), _shimmed(device, manager, "lat"))))
+        return Row("latency alone, under the shim", _result(_start(device.latency(load), _shimmed(device, manager,
+                                                                                                  "lat"))))
     finally:
         manager.stop()
 

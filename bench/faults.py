@@ -41,7 +41,7 @@ import httpx
 from sqlalchemy import create_engine, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from loadgen import fixed_count  # noqa: E402
+from loadgen import fixed_count
 
 ROOT = Path(__file__).resolve().parent.parent
 FAULTS = ("container", "worker", "controller", "redis", "postgres")
@@ -66,7 +66,7 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def wait_until(check, timeout: float, what: str) -> None:  # noqa: ANN001
+def wait_until(check, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -137,10 +137,10 @@ class Role:
         self.process: subprocess.Popen | None = None
         self.url: str | None = None
 
-    def start(self, wants_url: bool = True) -> "Role":
+    def start(self, wants_url: bool = True) -> Role:
         dilu = shutil.which("dilu", path=str(Path(sys.executable).parent)) or "dilu"
         self.process = subprocess.Popen([dilu, *self.args], env={**os.environ, **self.env}, text=True,
-                                        stdout=subprocess.PIPE, stderr=open(self.log, "a"))  # noqa: SIM115
+                                        stdout=subprocess.PIPE, stderr=open(self.log, "a"))
         found = threading.Event()
 
         def pump() -> None:
@@ -174,14 +174,15 @@ class Role:
 def docker_available() -> bool:
     if shutil.which("docker") is None:
         return False
-    return subprocess.run(["docker", "image", "inspect", "dilu/runtime-cpu:latest"], capture_output=True).returncode == 0
+    return subprocess.run(["docker", "image", "inspect", "dilu/runtime-cpu:latest"],
+                          capture_output=True).returncode == 0
 
 
 def durable_counts(url: str) -> dict[str, int]:
     engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://"))
     try:
         with engine.connect() as connection:
-            return {table: connection.execute(text(f"select count(*) from {table}")).scalar_one()  # noqa: S608
+            return {table: connection.execute(text(f"select count(*) from {table}")).scalar_one()
                     for table in ("functions", "profiles", "bundles")}
     finally:
         engine.dispose()
@@ -326,7 +327,8 @@ def print_table(rows: list[dict], runtime: str, clients: int) -> None:
     print(f"{'fault':<11} {'sent':>6} {'2xx':>6} {'error':>6} {'no reply':>8} {'rows before':>12} "
           f"{'rows after':>11} {'req/s':>6} {'max lat s':>9} {'resumed s':>9} {'full s':>6}")
     for row in rows:
-        fmt = lambda c: f"{c['functions']}/{c['profiles']}/{c['bundles']}"  # noqa: E731
+        def fmt(c: dict) -> str:
+            return f"{c['functions']}/{c['profiles']}/{c['bundles']}"
         print(f"{row['fault']:<11} {row['sent']:>6} {row['ok']:>6} {row['error']:>6} {row['none']:>8} "
               f"{fmt(row['before']):>12} {fmt(row['after']):>11} {row['rate']:>6.0f} {row['max_latency_s']:>9.2f} "
               f"{row['recovery_s']:>9.2f} {row['restored_s']:>6.1f}")

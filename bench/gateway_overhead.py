@@ -22,14 +22,14 @@ import tempfile
 import time
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from loadgen import closed_loop  # noqa: E402
-from tests.platform import Platform  # noqa: E402  (reuses the test harness that runs `dilu up`)
-from tests.waiting import eventually  # noqa: E402
+from loadgen import closed_loop
+
+from tests.platform import Platform  # reuses the test harness that runs `dilu up`
+from tests.waiting import eventually
 
 BODY = json.dumps({"hello": "dilu"}).encode()
 
@@ -49,7 +49,8 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="dilu-bench-"))
     source = shutil.copytree(ROOT / "examples" / "echo", workdir / "noop")
     (source / "model.yaml").write_text(
-        "name: noop\nhandler: handler:Echo\nresources:\n  memory: 128Mi\n  gpu: false\n  sm_request: 1.0\n  sm_limit: 1.0\n"
+        "name: noop\nhandler: handler:Echo\n"
+        "resources:\n  memory: 128Mi\n  gpu: false\n  sm_request: 1.0\n  sm_limit: 1.0\n"
         "scaling:\n  min_instances: 1\n  max_instances: 1\n  keep_alive_s: 3600\n"
         "batching:\n  max_batch_size: 1\n")
     platform = Platform(workdir / "home")
@@ -80,7 +81,8 @@ def main() -> None:
                 print(f"{clients:>7} {path:>8} {rps:>9.0f} {p50:>8.2f} {p99:>8.2f}")
             added_p50 = stats["gateway"][1] - stats["direct"][1]
             kept = stats["gateway"][0] / stats["direct"][0]
-            print(f"{clients:>7} {'ratio':>8} throughput kept {kept:.2f}x, p50 {stats['gateway'][1] / stats['direct'][1]:.2f}x "
+            p50 = stats["gateway"][1] / stats["direct"][1]
+            print(f"{clients:>7} {'ratio':>8} throughput kept {kept:.2f}x, p50 {p50:.2f}x "
                   f"(+{added_p50:.2f} ms), p99 {stats['gateway'][2] / stats['direct'][2]:.2f}x")
             if clients == 1:
                 print(f"{'':>7} {'target':>8} p50 added <= 1 ms: {'met' if added_p50 <= 1.0 else 'NOT met'}")

@@ -30,8 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from worker.tokens.manager import TokenManager, socket_path_for  # noqa: E402
-from worker.tokens.process import ManagerProcess  # noqa: E402
+from worker.tokens.manager import TokenManager, socket_path_for
+from worker.tokens.process import ManagerProcess
 
 SHIM = ROOT / "shim" / "build" / "libdilu_shim.so"
 WORKLOADS = ROOT / "bench" / "gpu_workloads.py"
@@ -58,7 +58,8 @@ class Check:
         manager.start()
         return manager
 
-    def start(self, workload: list[object], manager: TokenManager | None = None, instance: str = "-") -> subprocess.Popen:
+    def start(self, workload: list[object], manager: TokenManager | None = None,
+              instance: str = "-") -> subprocess.Popen:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "DILU_SHIM_LOG": "1"}
         if manager is not None:
             env.update({"LD_PRELOAD": str(SHIM), "DILU_TOKEN_SOCKET": str(manager.socket_path),
@@ -139,7 +140,7 @@ class Check:
         finally:
             manager.stop()
         worst, parts = 0.0, []
-        for (name, workload, share), result in zip(runs, results):
+        for (name, workload, share), result in zip(runs, results, strict=True):
             achieved = result["per_s"] / alone[str(workload[0])]
             worst = max(worst, abs(achieved - share) * 100)
             parts.append(f"{name} {100 * achieved:6.2f} % (slice {100 * share:.0f} %)")

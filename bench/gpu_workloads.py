@@ -22,14 +22,13 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
-from pathlib import Path
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "resnet"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from handler import ResNet  # noqa: E402  (examples/resnet/handler.py)
+from handler import ResNet  # examples/resnet/handler.py
 
 SIZE = 112
 
@@ -46,7 +45,7 @@ def models(small: bool) -> tuple[torch.nn.Module, torch.nn.Module]:
     return ResNet(1000, 64, (3, 4, 6, 3)), ResNet(1000, 64, (2, 2, 2, 2))
 
 
-def timed_loop(seconds: float, step, device: str, sync_every: int = 10, progress: bool = False) -> dict:  # noqa: ANN001
+def timed_loop(seconds: float, step, device: str, sync_every: int = 10, progress: bool = False) -> dict:
     for _ in range(3):
         step()
     sync(device)

@@ -37,7 +37,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.platform import Platform  # noqa: E402  (reuses the harness that runs `dilu up`)
+from tests.platform import Platform  # reuses the harness that runs `dilu up`
 
 VERBOSE = False
 SPEC = ("name: noop\nhandler: handler:Echo\nresources:\n  memory: 128Mi\n  gpu: false\n  sm_request: 0.5\n"
@@ -60,7 +60,8 @@ class Tally:
             self.cold.append(0)
         if isinstance(reply, BaseException) or reply.status_code != 200:
             self.failed += 1
-            reason = repr(reply)[:120] if isinstance(reply, BaseException) else f"{reply.status_code} {reply.text[:100]}"
+            reason = repr(reply)[:120] if isinstance(reply,
+                                                     BaseException) else f"{reply.status_code} {reply.text[:100]}"
             self.errors[reason] = self.errors.get(reason, 0) + 1
         elif "x-dilu-queued-ms" in reply.headers:
             self.cold[burst] += 1
@@ -198,7 +199,8 @@ def main() -> None:
         return platforms
 
     runs = [("bursts", f"bursts: {args.bursts} x {args.burst_s:g} s at {args.rate:g} req/s, "
-                       f"{args.pause_s:g} s pauses", burst_arrivals(args.bursts, args.burst_s, args.rate, args.pause_s))]
+                       f"{args.pause_s:g} s pauses", burst_arrivals(args.bursts, args.burst_s, args.rate,
+                                                                    args.pause_s))]
     runs = runs if args.bursts > 0 else []
     if not args.skip_trace:
         runs.append(("trace", f"trace: {args.trace}.txt compressed {args.compress:g}x, first {args.trace_s:g} s",

@@ -96,7 +96,7 @@ async def fixed_count(url: str, body: bytes, clients: int, total: int, reply_tim
                 if connection is None:
                     _, connection = await loop.create_connection(_Connection, host, port)
                 status = await asyncio.wait_for(connection.send(request), reply_timeout_s)
-            except (OSError, ConnectionError, asyncio.TimeoutError):
+            except (TimeoutError, OSError, ConnectionError):
                 status = -1
                 if connection is not None:
                     connection.transport.close()

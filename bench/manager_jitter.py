@@ -25,8 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.platform import Platform  # noqa: E402  (the harness that runs `dilu up`)
-from tests.waiting import eventually  # noqa: E402
+from tests.platform import Platform  # the harness that runs `dilu up`
+from tests.waiting import eventually
 
 
 def _manager_stats(platform: Platform) -> dict:

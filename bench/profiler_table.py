@@ -19,14 +19,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dilu.policy.profiler import TableRunner, grid_search, hybrid_growth_search, training_search  # noqa: E402
+from dilu.policy.profiler import TableRunner, grid_search, hybrid_growth_search, training_search
 
 PROFILES = ROOT / "data" / "profiles"
 MODELS = ("bert_base", "roberta_large", "gpt2_large", "resnet152", "llama2")
 SLO_FACTORS = (1.25, 1.5, 2, 2.5, 3, 4, 5, 6)
 
 
-def efficacy(profile) -> float:  # noqa: ANN001
+def efficacy(profile) -> float:
     return profile.throughput_per_s / (profile.sm_request * 100)
 
 

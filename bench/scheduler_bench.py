@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dilu.policy.scheduler import ClusterSnapshot, Device, PlacementRequest, create_scheduler  # noqa: E402
+from dilu.policy.scheduler import ClusterSnapshot, Device, PlacementRequest, create_scheduler
 
 WORKLOADS = ROOT / "data" / "workloads"
 GiB = 2**30

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 
 import shimbench
+
 from worker.tokens.manager import socket_path_for
 from worker.tokens.process import ManagerProcess
 
@@ -24,7 +25,7 @@ def measure(split: tuple[float, float], seconds: float) -> tuple[float, float, f
     tmp = shimbench.workdir()
     manager = shimbench.manager(tmp)
     try:
-        for name, share in zip(("a", "b"), split):
+        for name, share in zip(("a", "b"), split, strict=True):
             manager.set_slice(name, "batch", share, share)
         processes = [shimbench.launcher(shimbench.env(tmp, shim=True, socket=manager.socket_path, instance=name),
                                         "run", seconds, 100, 0) for name in ("a", "b")]
@@ -48,7 +49,8 @@ def measure_costs(closed_loop: bool, seconds: float) -> tuple[float, float]:
     tmp = shimbench.workdir()
     manager = ManagerProcess(gpu_uuid="GPU-costs", socket_path=socket_path_for(tmp, "GPU-costs"),
                              capacity_per_s=1e9 / shimbench.NS_PER_BLOCK, measure=closed_loop,
-                             env={"LD_LIBRARY_PATH": str(shimbench.BUILD / "fake"), "DILU_FAKE_CLOCK": str(tmp / "clock")})
+                             env={"LD_LIBRARY_PATH": str(shimbench.BUILD / "fake"),
+                                  "DILU_FAKE_CLOCK": str(tmp / "clock")})
     manager.start()
     try:
         manager.set_slice("heavy", "batch", 0.3, 0.3)
@@ -74,7 +76,8 @@ def main() -> None:
         a, b, busy = measure(split, args.seconds)
         error = max(abs(a - split[0]), abs(b - split[1])) * 100
         worst = max(worst, error)
-        print(f"{split[0]*100:>4.0f}/{split[1]*100:<4.0f}  {a*100:>7.2f}/{b*100:<7.2f} {error:>9.2f} {busy*100:>11.1f}%")
+        print(f"{split[0] * 100:>4.0f}/{split[1] * 100:<4.0f}  {a * 100:>7.2f}/{b * 100:<7.2f} "
+              f"{error:>9.2f} {busy * 100:>11.1f}%")
     print(f"target within 2 pp: {'met' if worst <= 2 else 'NOT met'} (worst {worst:.2f} pp)")
     print("kernels of different costs (blocks 4:1), 30/70, absolute shares of device time after 1 s")
     print(f"{'manager':>11} {'achieved':>17} {'error pp':>9}")

@@ -15,6 +15,7 @@ import threading
 import time
 
 import shimbench
+
 from worker.tokens.manager import HEADROOM
 
 WINDOW_MS = 10.0
@@ -25,7 +26,7 @@ HOLD_S = 0.6
 def sliding_shares(samples: list[dict], window_s: float) -> list[dict]:
     """The share over the window ending at each sample: {"t": end, "share": ...}."""
     result, start = [], 0
-    for end, sample in enumerate(samples):
+    for _end, sample in enumerate(samples):
         while samples[start]["t"] < sample["t"] - window_s:
             start += 1
         if start > 0 and sample["t"] - samples[start - 1]["t"] >= window_s:
@@ -89,7 +90,8 @@ def main() -> None:
         settled = [v * 1000 for v in values if v is not None]
         missing = sum(v is None for v in values)
         print(f"{name}: median {statistics.median(settled):.1f} ms, max {max(settled):.1f} ms"
-              + (f", {missing} never settled" if missing else "") + f"  (ratio to target {statistics.median(settled) / target_ms:.2f}x)")
+              + (f", {missing} never settled" if missing else "")
+              + f"  (ratio to target {statistics.median(settled) / target_ms:.2f}x)")
     steady = [w["share"] for at, share in changes for w in trace if at + 0.2 < w["t"] < at + HOLD_S and share < 0.5]
     if steady:
         print(f"steady windows at 20%: mean {statistics.mean(steady):.4f}, stdev {statistics.pstdev(steady):.4f}")

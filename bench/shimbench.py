@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from worker.tokens.manager import TokenManager, socket_path_for  # noqa: E402
+from worker.tokens.manager import TokenManager, socket_path_for
 
 BUILD = ROOT / "shim" / "build"
 LAUNCHER = BUILD / "launcher"

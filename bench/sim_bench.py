@@ -20,25 +20,25 @@ included, about a hundred MiB before any work).
 from __future__ import annotations
 
 import argparse
-import sys
 import multiprocessing
 import resource
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dilu.sim.placement import peak_bound, simulate_placement  # noqa: E402
-from dilu.sim.policies import POLICY_NAMES, build_policies  # noqa: E402
-from dilu.sim.serving import ServingSetup, simulate_serving  # noqa: E402
-from dilu.sim.traces import load_trace  # noqa: E402
-from dilu.sim.workload import load_workload, replicate  # noqa: E402
+from dilu.sim.placement import peak_bound, simulate_placement
+from dilu.sim.policies import POLICY_NAMES, build_policies
+from dilu.sim.serving import ServingSetup, simulate_serving
+from dilu.sim.traces import load_trace
+from dilu.sim.workload import load_workload, replicate
 
 TARGET_S = 120.0
 
 
-def _child(run: Callable[[], object], pipe) -> None:  # noqa: ANN001
+def _child(run: Callable[[], object], pipe) -> None:
     started = time.perf_counter()
     summary = run()
     seconds = time.perf_counter() - started
@@ -83,7 +83,8 @@ def fleets(sizes: list[int]) -> None:
     base = None
     for size in sizes:
         workload = replicate(events, size)
-        peak, seconds, mib = measured(lambda: simulate_placement(workload, scheduler, nodes=1000 * size).peak_gpus)
+        peak, seconds, mib = measured(lambda w=workload, s=size: simulate_placement(w, scheduler,
+                                                                                    nodes=1000 * s).peak_gpus)
         bound = peak_bound(workload, 40.0)
         base = base or (seconds, mib)
         print(f"{size:>5}x{4000 * size:>8}{len(workload):>8}{seconds:>9.1f}{seconds / base[0]:>8.1f}{mib:>8.0f}"
@@ -99,7 +100,7 @@ def lengths(trace: str, hours: list[float]) -> None:
     for length in hours:
         setup = ServingSetup(arrivals=load_trace(trace, duration_s=length * 3600), duration_s=length * 3600)
         (arrivals, violations), seconds, mib = measured(
-            lambda: (lambda r: (r.arrivals, r.slo_violation_rate))(simulate_serving(policy, setup)))
+            lambda s=setup: (lambda r: (r.arrivals, r.slo_violation_rate))(simulate_serving(policy, s)))
         base = base or (seconds, mib)
         print(f"{length:>6g}{arrivals:>11}{seconds:>9.1f}{seconds / base[0]:>8.1f}{mib:>8.0f}"
               f"{mib / base[1]:>7.1f}{violations:>10.2%}", flush=True)

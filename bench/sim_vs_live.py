@@ -38,12 +38,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dilu.policy.profiler import Profile, TableRunner  # noqa: E402
-from dilu.sim.models import ModelProfile  # noqa: E402
-from dilu.sim.policies import build_policies  # noqa: E402
-from dilu.sim.serving import ServingSetup, simulate_serving  # noqa: E402
-from dilu.sim.traces import from_rates  # noqa: E402
-from tests.platform import Platform  # noqa: E402  (the harness that runs `dilu up`)
+from dilu.policy.profiler import Profile, TableRunner
+from dilu.sim.models import ModelProfile
+from dilu.sim.policies import build_policies
+from dilu.sim.serving import ServingSetup, simulate_serving
+from dilu.sim.traces import from_rates
+from tests.platform import Platform  # the harness that runs `dilu up`
 
 BATCH = 4
 PER_ITEM_S = 0.01

@@ -39,8 +39,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dilu.controller.reconciler import KEEP_ENDED_INSTANCES  # noqa: E402
-from tests.platform import Platform  # noqa: E402  (reuses the harness that runs `dilu up`)
+from dilu.controller.reconciler import KEEP_ENDED_INSTANCES
+from tests.platform import Platform  # reuses the harness that runs `dilu up`
 
 EXAMPLES = ROOT / "examples" / "workflows"
 WORKFLOWS = ("amber-alert", "fan-in")
@@ -144,7 +144,8 @@ def _run(platform: Platform, functions: dict[str, list[str]], requests: int, gap
         results[workflow] = {"median_s": statistics.median(ordered),
                              "p99_s": _quantile(ordered, 0.99),
                              "memory_mib_s": _memory_seconds(platform, functions[workflow], began, until) / requests,
-                             "unload_lag_s": _unload_lags(platform, functions[workflow], answers[workflow], began, until)}
+                             "unload_lag_s": _unload_lags(platform, functions[workflow], answers[workflow], began,
+                                                          until)}
     return results
 
 
@@ -228,7 +229,8 @@ def main() -> None:
     for workflow in WORKFLOWS if {"warm", "eager", "slack"} <= set(table) else ():
         latency = table["slack"][workflow]["median_s"] / table["warm"][workflow]["median_s"]
         memory = table["slack"][workflow]["memory_mib_s"] / table["eager"][workflow]["memory_mib_s"]
-        print(f"{workflow}: slack median {latency:.2f}x warm (target <= 1.3x: {'met' if latency <= 1.3 else 'NOT met'}); "
+        print(f"{workflow}: slack median {latency:.2f}x warm "
+              f"(target <= 1.3x: {'met' if latency <= 1.3 else 'NOT met'}); "
               f"slack memory {memory:.2f}x eager (target <= 0.5x: {'met' if memory <= 0.5 else 'NOT met'})")
 
 

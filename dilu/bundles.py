@@ -18,8 +18,8 @@ import os
 import shutil
 import tarfile
 import tempfile
-from zlib import error as zlib_error
 from pathlib import Path, PurePosixPath
+from zlib import error as zlib_error
 
 IGNORE_FILE = ".dilignore"
 ALWAYS_IGNORED = (".git", ".hg", ".svn", "__pycache__", "*.pyc", ".venv", "venv", ".mypy_cache",
@@ -80,7 +80,9 @@ def pack(folder: Path, max_bytes: int) -> bytes:
     for root, dirs, names in os.walk(folder):
         base = Path(root)
         rel_root = base.relative_to(folder).as_posix()
-        rel = (lambda n: n) if rel_root == "." else (lambda n: f"{rel_root}/{n}")  # noqa: E731
+        def rel(n: str, rel_root: str = rel_root) -> str:
+            return n if rel_root == "." else f"{rel_root}/{n}"
+
         dirs[:] = sorted(d for d in dirs if not ignored(rel(d), True, patterns) and not (base / d).is_symlink())
         for name in sorted(names):
             path = base / name
@@ -171,7 +173,7 @@ def unpack(data: bytes, digest: str, cache_dir: Path, max_bytes: int) -> Path:
             if hasattr(tarfile, "data_filter"):   # Python >= 3.11.4 checks again as it extracts
                 archive.extractall(staging, filter="data")
             else:
-                archive.extractall(staging)  # noqa: S202 - every member was checked above
+                archive.extractall(staging)  # every member was checked above
         for path in [staging, *staging.rglob("*")]:   # readable by the unprivileged instance user
             path.chmod(0o755 if path.is_dir() or os.access(path, os.X_OK) else 0o644)
         try:

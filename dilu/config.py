@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
-
 from typing import Literal
 
 from pydantic import Field, computed_field, field_validator
@@ -28,7 +27,8 @@ class CommonSettings(BaseSettings):
     database_url: str | None = Field(None, description="SQLAlchemy URL; SQLite under home when unset")
     redis_url: str | None = Field(None, description="Redis URL; in-process store when unset")
     redis_prefix: str = Field("dilu:", description="Prefix of every Redis key and channel")
-    scheduler: str = Field("dilu", description="dilu | exclusive | static-limits | request-only | time-sharing (placement "
+    scheduler: str = Field("dilu",
+                           description="dilu | exclusive | static-limits | request-only | time-sharing (placement "
                                                "and the admission of resizes)")
     max_bundle_bytes: int = Field(200 * 1024 * 1024, gt=0, description="Largest code bundle (compressed) the "
                                                                        "gateway accepts and a worker unpacks")
@@ -84,7 +84,8 @@ class GatewaySettings(CommonSettings):
                                                               "(0: any free port; -1: off)")
     local_roots: str = Field("", description="Folders (':'-separated) that deploys by local path may name; "
                                              "empty: deploying by path is off (upload bundles)")
-    max_api_body_bytes: int = Field(1024 * 1024, gt=0, description="Largest body of the other API calls (deploys, keys)")
+    max_api_body_bytes: int = Field(1024 * 1024, gt=0,
+                                    description="Largest body of the other API calls (deploys, keys)")
     admin_key: str | None = Field(None, min_length=24, description="A bootstrap key with the admin scope (not stored); "
                                                                    "any key turns authentication on")
     @field_validator("admin_key", mode="before")
@@ -167,7 +168,8 @@ class WorkerSettings(CommonSettings):
                                                      "(a tmpfs at /tmp)")
     heartbeat_s: float = Field(1.0, gt=0)
     worker_ttl_s: float = Field(5.0, gt=0)
-    health_poll_s: float = Field(0.02, gt=0, description="Health-check period of starting instances (on the cold-start path)")
+    health_poll_s: float = Field(0.02, gt=0,
+                                 description="Health-check period of starting instances (on the cold-start path)")
     stop_grace_s: float = Field(5.0, ge=0, description="SIGTERM to SIGKILL delay")
     startup_timeout_s: float = Field(300.0, gt=0, description="Instance load must finish within this")
     python: str | None = Field(None, description="Interpreter for instances; this one when unset")
@@ -180,7 +182,8 @@ class WorkerSettings(CommonSettings):
                                                                     "they wait; empty: none")
     gpus: str | None = Field(None, description="'none' forces a CPU worker; otherwise all GPUs found")
     worker_name: str | None = Field(None, description="Prefix of this host's worker ids; the hostname when unset")
-    fake_gpus: int = Field(0, ge=0, le=16, description="Simulated GPUs (fake driver + real shim), for machines without one")
+    fake_gpus: int = Field(0, ge=0, le=16,
+                           description="Simulated GPUs (fake driver + real shim), for machines without one")
     fake_ns_per_block: int = Field(1000, gt=0, description="Device time of one block on a simulated GPU")
     fake_gpu_sched: Literal["timeslice", "fifo"] = Field(
         "timeslice", description="How a simulated GPU runs its processes' kernels: timeslice (one process at a "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
+from typing import Any
 
 CUDA_SUCCESS = 0
 CUDA_ERROR_OUT_OF_MEMORY = 2
@@ -76,7 +77,7 @@ class CudaDriver:
                     self._gpa(symbol.encode(), ctypes.byref(pointer), version, flags, ctypes.byref(status)))
         return ProcAddress(pointer.value, library_of(pointer.value))
 
-    def fn(self, symbol: str, version: int, restype, *argtypes, flags: int = LEGACY_STREAM):  # noqa: ANN001, ANN201
+    def fn(self, symbol: str, version: int, restype: Any, *argtypes: Any, flags: int = LEGACY_STREAM) -> Any:
         return ctypes.CFUNCTYPE(restype, *argtypes)(self.proc_address(symbol, version, flags).pointer)
 
     # ---- work ----

@@ -56,12 +56,12 @@ class InstanceConfig:
     warmup: dict[str, Any] | None = None   # the spec's warm-up (request or file, count)
 
     @classmethod
-    def from_file(cls, path: str) -> "InstanceConfig":
+    def from_file(cls, path: str) -> InstanceConfig:
         with open(path, encoding="utf-8") as handle:
             return cls(**json.load(handle))
 
     @classmethod
-    def from_json(cls, text: str) -> "InstanceConfig":
+    def from_json(cls, text: str) -> InstanceConfig:
         return cls(**json.loads(text))
 
 
@@ -77,7 +77,7 @@ class InstanceEnvironment:
     listen: tuple[str, int] | None = None   # (host, port) to bind when no socket is inherited
 
     @classmethod
-    def from_environ(cls, environ: Mapping[str, str] | None = None) -> "InstanceEnvironment":
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> InstanceEnvironment:
         environ = os.environ if environ is None else environ
         fd = environ.get(ENV_LISTEN_FD)
         host, _, port = (environ.get(ENV_LISTEN) or "").rpartition(":")

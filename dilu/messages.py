@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Self
 
 from dilu.workflows.hints import WorkflowHint
 
@@ -36,7 +36,7 @@ class _Wire:
         return asdict(self)  # type: ignore[call-overload]
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]):  # noqa: ANN206
+    def from_dict(cls, data: dict[str, Any]) -> Self:
         return cls(**data)
 
 
@@ -65,7 +65,7 @@ class WorkerInfo:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "WorkerInfo":
+    def from_dict(cls, data: dict[str, Any]) -> WorkerInfo:
         return cls(id=data["id"], host=data["host"], url=data.get("url"), device=DeviceInfo(**data["device"]))
 
 

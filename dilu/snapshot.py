@@ -37,7 +37,8 @@ def check_resize(scheduler: Scheduler, workers: Sequence[WorkerInfo], instances:
                  sm_limit: float) -> ResizeVerdict:
     """Whether ``function``'s active serving instances may all take the new slice where they are."""
     spec = function.typed_spec
-    mine = [r for r in instances if r.function == function.name and r.role == InstanceRole.SERVE and r.state in ACTIVE_STATES]
+    mine = [r for r in instances
+            if r.function == function.name and r.role == InstanceRole.SERVE and r.state in ACTIVE_STATES]
     resizes = [Resize(r.worker_id, PlacementRequest(function.name, r.memory_bytes, r.sm_request or 0.0,
                                                     r.sm_limit or 0.0, spec.function_class,
                                                     spec.resources.gpu), sm_request, sm_limit) for r in mine]

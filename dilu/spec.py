@@ -63,7 +63,7 @@ class Resources(_Strict):
         return parse_memory(value)
 
     @model_validator(mode="after")
-    def _request_within_limit(self) -> "Resources":
+    def _request_within_limit(self) -> Resources:
         if self.sm_request is not None and self.sm_limit is not None and self.sm_request > self.sm_limit:
             raise ValueError("sm_request must be <= sm_limit")
         return self
@@ -75,7 +75,7 @@ class Scaling(_Strict):
     keep_alive_s: float = Field(60.0, ge=0, description="Idle time before the last instances stop")
 
     @model_validator(mode="after")
-    def _bounds(self) -> "Scaling":
+    def _bounds(self) -> Scaling:
         if self.min_instances > self.max_instances:
             raise ValueError("min_instances must be <= max_instances")
         return self
@@ -104,7 +104,7 @@ class Warmup(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _one_source(self) -> "Warmup":
+    def _one_source(self) -> Warmup:
         if (self.request is None) == (self.file is None):
             raise ValueError("give the warm-up request either inline (request) or as a file of the code (file)")
         return self
@@ -119,7 +119,8 @@ class TensorSpec(_Strict):
     """One input or output of the inference protocol (v2): its name, element type and shape."""
 
     name: str = Field(..., pattern=TENSOR_NAME_PATTERN, description="Tensor name, as clients send it")
-    datatype: Literal[DATATYPES] = Field(..., description="Element type in the protocol's names (FP32, INT64, BYTES, ...)")
+    datatype: Literal[DATATYPES] = Field(...,
+                                         description="Element type in the protocol's names (FP32, INT64, BYTES, ...)")
     shape: list[int] = Field(..., max_length=16, description="Dimensions; -1 for a dimension of any size")
 
     @field_validator("shape")
@@ -174,7 +175,7 @@ class SpecModel(_Strict):
                                                     "(its time is the loading stage 'warmup')")
 
     @model_validator(mode="after")
-    def _tensors(self) -> "SpecModel":
+    def _tensors(self) -> SpecModel:
         if bool(self.inputs) != bool(self.outputs):
             raise ValueError("inputs and outputs are declared together (both, or neither)")
         _unique_names(self.inputs, "inputs")

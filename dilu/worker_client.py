@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import httpx
 
 from dilu.failures import describe
 from dilu.messages import InstanceStatus, StartInstance
 
-QUICK_CALL_S = 2.0     # calls a healthy worker answers in milliseconds (lists, slices): a hung one must not hold callers
+# Calls a healthy worker answers in milliseconds (lists, slices): a hung one must not hold callers.
+QUICK_CALL_S = 2.0
 
 
 class WorkerUnavailable(Exception):
@@ -39,7 +40,7 @@ class WorkerClient(Protocol):
 class InProcessWorkerClient:
     """For `dilu up`: calls the agent directly."""
 
-    def __init__(self, agent) -> None:  # noqa: ANN001 - WorkerAgent, kept loose to avoid a cycle
+    def __init__(self, agent: WorkerClient) -> None:  # a WorkerAgent: it answers as a client does
         self._agent = agent
 
     async def start_instance(self, request: StartInstance) -> InstanceStatus:
@@ -70,7 +71,7 @@ class HttpWorkerClient:
         # Sent per call, never as the shared client's default: that client also reaches instances.
         self._headers = {"authorization": f"Bearer {cluster_key}"} if cluster_key else {}
 
-    async def _call(self, method: str, path: str, **kwargs) -> httpx.Response:  # noqa: ANN003
+    async def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
             response = await self._http.request(method, self._base + path, headers=self._headers, **kwargs)
         except httpx.HTTPError as exc:   # a timeout's own message is empty: its type says what happened

@@ -25,11 +25,11 @@ open('/tmp/requirements.txt', 'w').write('\n'.join(d for d in deps if not d.star
 COPY dilu ./dilu
 COPY gateway ./gateway
 COPY worker ./worker
-COPY migrations ./migrations
+COPY cli ./cli
 COPY examples ./examples
 COPY shim ./shim
 COPY --from=shim /out/libdilu_shim.so ./shim/build/libdilu_shim.so
 COPY --from=shim /out/fake/libcuda.so.1 ./shim/build/fake/libcuda.so.1
-RUN pip install --no-cache-dir --no-deps $PIP_ARGS -e . && python3 -m compileall -q dilu gateway worker migrations
+RUN pip install --no-cache-dir --no-deps $PIP_ARGS -e . && python3 -m compileall -q dilu gateway worker cli
 ENTRYPOINT ["dilu"]
 CMD ["--help"]

@@ -15,14 +15,19 @@ import asyncio
 import hmac
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dilu.db import repo
 from dilu.keys import Need, allows, parse, secret_matches
 from gateway.origin import refusal
+
+if TYPE_CHECKING:   # the services hold the authenticator: a cycle at run time
+    from gateway.services import GatewayServices
 
 log = logging.getLogger(__name__)
 MISS_REFRESH_S = 1.0   # a key unknown here is looked up in the database at most this often
@@ -145,15 +150,15 @@ class AuthGate:
     """ASGI wrapper: refuses requests whose key does not allow the route, before the app (or the
     invoke fast path) reads them."""
 
-    def __init__(self, app, services_of) -> None:  # noqa: ANN001
+    def __init__(self, app: ASGIApp, services_of: Callable[[], GatewayServices]) -> None:
         self.app = app
         self._services_of = services_of
 
-    def services_of(self):  # noqa: ANN201
+    def services_of(self) -> GatewayServices:
         """The gateway's services, once the app has started (the gRPC service reaches them here)."""
         return self._services_of()
 
-    async def __call__(self, scope: dict, receive, send) -> None:  # noqa: ANN001
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             services = self._services_of()
             if not services.auth.required and scope["path"] != "/healthz":
@@ -174,7 +179,7 @@ class AuthGate:
         await self.app(scope, receive, send)
 
 
-async def _send_denied(send, denied: Denied) -> None:  # noqa: ANN001
+async def _send_denied(send: Send, denied: Denied) -> None:
     import json
 
     body = json.dumps({"error": denied.message}).encode()

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.routing import APIRoute
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dilu.failures import DATABASE_DOWN, STATE_STORE_DOWN
 
@@ -96,11 +98,11 @@ class KeepsConnections:
     500 with a JSON error (when nothing was sent yet) instead of reaching the server, which
     would close the client's keep-alive connection over it."""
 
-    def __init__(self, app, services_of) -> None:  # noqa: ANN001
+    def __init__(self, app: ASGIApp, services_of: Callable[[], Any]) -> None:
         self.app = app
         self.services_of = services_of   # the gateway's services, once started (gRPC reaches them here)
 
-    async def __call__(self, scope: dict, receive, send) -> None:  # noqa: ANN001
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -113,7 +115,7 @@ class KeepsConnections:
 
         try:
             await self.app(scope, receive, tracking)
-        except Exception as exc:  # noqa: BLE001 - the last line of defence for one request
+        except Exception as exc:  # the last line of defence for one request
             down = outage(exc)
             if down is None:
                 log.exception("unexpected error on %s %s", scope.get("method"), scope.get("path"))

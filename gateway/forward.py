@@ -8,7 +8,6 @@ machine (see bench/gateway_overhead.py and the project notes).
 
 from __future__ import annotations
 
-import asyncio
 import socket
 from dataclasses import dataclass
 
@@ -67,7 +66,7 @@ class Forwarder:
                              headers)
         except aiohttp.ClientConnectorError as exc:
             raise NotDelivered(str(exc)) from exc
-        except (TimeoutError, asyncio.TimeoutError) as exc:
+        except TimeoutError as exc:
             raise InstanceTimeout(str(exc)) from exc
         except aiohttp.ClientError as exc:
             raise InstanceFailed(type(exc).__name__) from exc

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from dilu.config import GatewaySettings
 from dilu.limits import LimitExceeded, check_json_depth
 
 # Streamed with their own limits: bundles (DILU_MAX_BUNDLE_BYTES), inference requests of the
@@ -21,11 +24,11 @@ class BodyLimits:
     """ASGI wrapper: a body over ``max_bytes`` is answered 413, JSON nested too deep 400, before
     the framework parses it (its parser would recurse until the interpreter gives up)."""
 
-    def __init__(self, app, settings_of) -> None:  # noqa: ANN001
+    def __init__(self, app: ASGIApp, settings_of: Callable[[], GatewaySettings]) -> None:
         self.app = app
         self._settings_of = settings_of
 
-    async def __call__(self, scope: dict, receive, send) -> None:  # noqa: ANN001
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH") or \
                 scope["path"].startswith(EXEMPT_PREFIXES) or _is_workflow_invoke(scope["path"]):
             await self.app(scope, receive, send)
@@ -61,7 +64,7 @@ class BodyLimits:
         await self.app(scope, replay, send)
 
 
-async def _reply(send, status: int, message: str) -> None:  # noqa: ANN001
+async def _reply(send: Send, status: int, message: str) -> None:
     body = json.dumps({"error": message}).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})

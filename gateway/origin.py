@@ -9,21 +9,11 @@ Clients that are not browsers (the CLI, curl, SDKs) send no ``Origin`` and are u
 
 from __future__ import annotations
 
-import ipaddress
 from urllib.parse import urlsplit
 
+from dilu.addresses import is_loopback
+
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` (a name or address, IPv6 with or without brackets) is this machine only."""
-    host = host.strip().lower().rstrip(".")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def _host_name(authority: str) -> str:

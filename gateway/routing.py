@@ -4,6 +4,7 @@ bounded wait of requests that arrive while nothing is ready (cold start)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from dilu.messages import Endpoint
@@ -97,7 +98,8 @@ class RoutingTable:
         return choose_least_outstanding(entry.endpoints, entry.outstanding, exclude)
 
     async def wait_for_endpoint(self, function: str, timeout_s: float,
-                                exclude: frozenset[str] = frozenset(), on_queued=None) -> Endpoint:  # noqa: ANN001
+                                exclude: frozenset[str] = frozenset(),
+                                on_queued: Callable[[], Awaitable[None]] | None = None) -> Endpoint:
         """Returns an endpoint, waiting in the bounded queue if none is ready.
 
         Raises QueueFull when the queue is at its bound, NoInstance on the deadline or when the

@@ -28,7 +28,7 @@ class SliceUpdate(BaseModel):
     sm_limit: float = Field(..., ge=0.01, le=1, description="Burst compute share")
 
     @model_validator(mode="after")
-    def _request_within_limit(self) -> "SliceUpdate":
+    def _request_within_limit(self) -> SliceUpdate:
         if self.sm_request > self.sm_limit:
             raise ValueError("sm_request must be <= sm_limit")
         return self

@@ -9,25 +9,27 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
+from dilu.addresses import is_loopback
 from dilu.config import GatewaySettings
 from dilu.db import repo
+from dilu.db.models import InstanceRow
 from dilu.default_impl import create_scheduler
+from dilu.failures import OUTAGES, FailureLog, describe
 from dilu.messages import READY, Endpoint, FunctionStatus, InstanceRole
 from dilu.state.base import Channel, StateStore, follow
-from dilu.failures import OUTAGES, FailureLog, describe
+from dilu.worker_client import WorkerDirectory
 from dilu.workflows.hints import WorkflowHints
 from gateway.auth import Authenticator
-from gateway.origin import is_loopback
 from gateway.dashboard.view import LatencyWindow, ShareHistory, sample
 from gateway.forward import Forwarder
 from gateway.routing import RoutingTable
-from dilu.worker_client import WorkerDirectory
 
 log = logging.getLogger(__name__)
 
@@ -161,11 +163,11 @@ class GatewayServices:
         await asyncio.wait(self._tasks, timeout=5.0) if self._tasks else None
         try:
             await self.flush_activity()
-        except Exception as exc:  # noqa: BLE001 - a store that is down loses the last half-second's counts
+        except Exception as exc:  # a store that is down loses the last half-second's counts
             log.warning("final activity flush failed: %s", describe(exc), exc_info=not isinstance(exc, OUTAGES))
         await self.forwarder.close()
 
-    def spawn(self, coroutine) -> asyncio.Task:  # noqa: ANN001
+    def spawn(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task:
         """Runs ``coroutine`` in the background, kept referenced until it ends."""
         task = asyncio.create_task(coroutine)
         self._background.add(task)
@@ -178,13 +180,13 @@ class GatewayServices:
         if not telemetry:
             return
 
-        def active():  # noqa: ANN202
+        def active() -> list[InstanceRow]:
             with self.sessions() as session:
                 return repo.list_instances(session=session, active_only=True)
 
         self.shares.add(time.time(), sample(await asyncio.to_thread(active), telemetry))
 
-    async def _follow(self, channel: Channel, handle) -> None:  # noqa: ANN001
+    async def _follow(self, channel: Channel, handle: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
         """Handles the channel's events for ever: a lost state store is resubscribed to when it
         returns (meanwhile the periodic refresh keeps the gateway's view current)."""
         async for message in follow(self.store, channel):
@@ -193,7 +195,7 @@ class GatewayServices:
             except Exception:
                 log.exception("handling %s event failed", channel.value)
 
-    async def _every(self, period_s: float, action) -> None:  # noqa: ANN001
+    async def _every(self, period_s: float, action: Callable[[], Awaitable[None]]) -> None:
         failures = FailureLog(log, f"the gateway's periodic {action.__name__}")
         while True:
             await asyncio.sleep(period_s)
@@ -251,12 +253,12 @@ class GatewayServices:
         try:
             await self.store.report_activity(self.gateway_id, snapshot, sending,
                                              max(5.0, self.settings.stats_flush_s * 4))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - kept and sent with the next flush
             self._pending_counts, failure = _merge_counts(sending, self._pending_counts), exc
         if totals:
             try:
                 await asyncio.to_thread(self._add_counts, totals)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - kept and sent with the next flush
                 for name, count in totals.items():
                     self._pending_totals[name] = self._pending_totals.get(name, 0) + count
                 failure = failure or exc
@@ -273,7 +275,7 @@ class GatewayServices:
         try:
             await self.flush_activity()
             await self.store.publish(Channel.DEMAND, {"function": function})
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - the next flush that gets through tells it
             log.warning("could not signal demand for %s: %s", function, type(exc).__name__)
 
     async def wake_controller(self) -> None:
@@ -282,7 +284,7 @@ class GatewayServices:
         try:
             await self.flush_activity()
             await self.store.publish(Channel.DEMAND, {"release": True})
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - the next flush and pass catch up
             log.warning("could not wake the controller: %s", type(exc).__name__)
 
     async def notify(self, channel: Channel, message: dict[str, Any]) -> None:
@@ -290,7 +292,7 @@ class GatewayServices:
         delays who hears of it until the periodic refreshes."""
         try:
             await self.store.publish(channel, message)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - the database holds it; refreshes catch up
             log.warning("could not publish on %s: %s", channel.value, type(exc).__name__)
 
 

@@ -38,7 +38,7 @@ class _Zeros(io.RawIOBase):
     def __init__(self, size: int) -> None:
         self.left = size
 
-    def readinto(self, buffer) -> int:  # noqa: ANN001
+    def readinto(self, buffer) -> int:
         count = min(len(buffer), self.left)
         buffer[:count] = bytes(count)
         self.left -= count

@@ -52,7 +52,7 @@ def redis_prefix() -> str:
 
 
 @pytest.fixture
-def instance_visible_dir():  # noqa: ANN201
+def instance_visible_dir():
     """A folder instance processes can see into (pytest's own temp folders are 0700 and a root
     worker's instances run as nobody): for files a test hands to a function."""
     import shutil

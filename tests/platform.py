@@ -68,7 +68,7 @@ def _dump_stacks(pid: int, log_path: Path) -> None:
         log.write("\n==== stacks of a process that did not stop on SIGINT ====\n" + dump.stdout + dump.stderr)
 
 
-def list_lines(stream):  # noqa: ANN001, ANN201
+def list_lines(stream):
     """Yields lines until the stream ends or is closed."""
     while True:
         try:
@@ -86,7 +86,7 @@ def start_role(args: list[str], env: dict[str, str], log_path: Path, wait_for_ur
     # Spares import no torch here (each platform would spend seconds of CPU on it); the pool's
     # preloading has its own test.
     full_env = {**os.environ, "DILU_GRPC_PORT": "0", "DILU_SPARE_PRELOAD": "", **env}
-    log_file = open(log_path, "ab")  # noqa: SIM115 - closed with the process
+    log_file = open(log_path, "ab")  # closed with the process
     process = subprocess.Popen([dilu_executable(), *args], env=full_env, stdout=subprocess.PIPE,
                                stderr=log_file, stdin=subprocess.DEVNULL, text=True)
     role = Role(process=process, log_path=log_path, log_file=log_file)

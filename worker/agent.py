@@ -12,17 +12,21 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 
 from dilu.failures import FailureLog
+from dilu.instance_protocol import ERROR_MARKER, EXIT_LOAD_FAILED
 from dilu.loading import stages_from_marks
-
 from dilu.messages import FAILED, READY, STARTING, STOPPED, STOPPING, InstanceStatus, StartInstance, WorkerInfo
 from dilu.slices import default_slice
 from dilu.state.base import Channel, StateStore
-from dilu.instance_protocol import ERROR_MARKER, EXIT_LOAD_FAILED
 from worker.backends.base import RunningInstance, RuntimeBackend
+
+if TYPE_CHECKING:   # built by the role that runs the agent, passed in
+    from worker.bundles import BundleCache
+    from worker.tokens.control import GpuControl
 
 log = logging.getLogger(__name__)
 ENDED_RETENTION_S = 600.0
@@ -89,8 +93,8 @@ class WorkerAgent:
 
     def __init__(self, *, info: WorkerInfo, backend: RuntimeBackend, store: StateStore, logs_dir: Path,
                  heartbeat_s: float = 1.0, worker_ttl_s: float = 5.0, health_poll_s: float = 0.1,
-                 stop_grace_s: float = 5.0, startup_timeout_s: float = 300.0, gpu=None,  # noqa: ANN001
-                 bundles=None) -> None:  # noqa: ANN001
+                 stop_grace_s: float = 5.0, startup_timeout_s: float = 300.0, gpu: GpuControl | None = None,
+                 bundles: BundleCache | None = None) -> None:
         self.info = info
         self._bundles = bundles  # BundleCache: where uploaded code is fetched from (None: local paths only)
         self._gpu = gpu  # GpuControl on GPU workers: token manager and shim injection
@@ -121,17 +125,19 @@ class WorkerAgent:
         self._instances[request.instance_id] = record
         try:
             if request.bundle:
-                request = record.request = dataclasses.replace(request, source_dir=str(await self._code_folder(request)))
+                request = record.request = dataclasses.replace(request,
+                                                               source_dir=str(await self._code_folder(request)))
             extra_env = None
             if self._gpu is not None:
                 extra_env = self._gpu.admit(request)
                 # Loading (imports, weights, warm-up) runs unthrottled: the slice applies once ready.
                 self._gpu.set_slice(request.instance_id, record.cls, record.slice[0], 1.0)
             record.running = await self._backend.start(request, self.info.device,
-                                                       self.log_path(request.instance_id), extra_env, owner=self.info.id)
+                                                       self.log_path(request.instance_id), extra_env,
+                                                       owner=self.info.id)
         except RuntimeError as exc:
             self._end(record, FAILED, str(exc))
-        except Exception as exc:  # noqa: BLE001 - a bug here must fail the instance, not the order
+        except Exception as exc:  # a bug here must fail the instance, not the order
             log.exception("starting %s failed", request.instance_id)
             self._end(record, FAILED, f"the worker could not start the instance: {type(exc).__name__}: {exc}")
         log.info("instance %s of %s starting at %s", request.instance_id, request.function,
@@ -255,7 +261,7 @@ class WorkerAgent:
             try:   # one failed pass must not end the loop: the worker would stop heartbeating for good
                 await self.check_instances()
                 checks.succeeded()
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - one failed pass must not end the loop
                 checks.failed(exc)
             await asyncio.sleep(self._poll_s)
 

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import hmac
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-import hmac
-
 from fastapi import FastAPI, Query, Request
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from dilu.messages import StartInstance
+from worker.agent import WorkerAgent
 
 
-def create_worker_api(agent, cluster_key: str | None = None) -> FastAPI:  # noqa: ANN001 - WorkerAgent
+def create_worker_api(agent: WorkerAgent, cluster_key: str | None = None) -> FastAPI:
     """The API; with ``cluster_key`` every call must carry it (``Authorization: Bearer``): a
     start order runs code, so only the controller and gateways may give one."""
     app = FastAPI(title="Dilu worker", version="0.1.0")
@@ -21,7 +22,8 @@ def create_worker_api(agent, cluster_key: str | None = None) -> FastAPI:  # noqa
         expected = f"Bearer {cluster_key}".encode()
 
         @app.middleware("http")
-        async def only_the_cluster(request: Request, call_next):  # noqa: ANN001, ANN202
+        async def only_the_cluster(request: Request,
+                                   call_next: Callable[[Request], Awaitable[Response]]) -> Response:
             given = request.headers.get("authorization", "").encode()
             if not hmac.compare_digest(given, expected):
                 return JSONResponse({"error": "this worker takes orders only from its cluster "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 
 from dilu.messages import DeviceInfo
 
@@ -26,7 +27,7 @@ def discover_gpus() -> list[DeviceInfo]:
         return []
     try:
         pynvml.nvmlInit()
-    except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+    except Exception as exc:  # noqa: BLE001 - NVMLError_LibraryNotFound, DriverNotLoaded, ...
         log.info("no NVIDIA GPU available (%s); using the CPU", exc)
         return []
     try:
@@ -58,3 +59,11 @@ def discover_devices(gpus: str | None = None, fake: int = 0) -> list[DeviceInfo]
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def worker_id(device: DeviceInfo, name: str | None = None) -> str:
+    """The worker agent's id: the host's name (or ``name``) and the device it drives."""
+    host = name or socket.gethostname()
+    if device.kind != "gpu":
+        return f"{host}-cpu"
+    return f"{host}-{'fakegpu' if device.fake else 'gpu'}{device.index}"

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import ctypes
 import os
-import signal
 import shutil
+import signal
 import stat
 import tempfile
 from pathlib import Path
 
 from worker.uids import InstanceUser, UidRegistry
-
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_DUMPABLE = 4

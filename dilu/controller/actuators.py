@@ -6,14 +6,16 @@ import logging
 import uuid
 from collections.abc import Sequence
 
+from sqlalchemy.orm import Session
+
 from dilu.controller.context import ControllerContext
-from dilu.slices import Slice
-from dilu.snapshot import build_snapshot, check_resize
 from dilu.db import repo
 from dilu.db.models import FunctionRow, InstanceRow, utcnow
 from dilu.messages import FAILED, STARTING, STOPPING, FunctionStatus, InstanceRole, StartInstance, WorkerInfo
 from dilu.policy.scheduler import PlacementRequest, Scheduler
-from dilu.worker_client import WorkerUnavailable
+from dilu.slices import Slice
+from dilu.snapshot import build_snapshot, check_resize
+from dilu.worker_client import WorkerClient, WorkerUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +28,8 @@ class Actuator:
         self._last_refused: dict[str, str] = {}
 
     async def start(self, function: FunctionRow, chosen: Slice, live: Sequence[WorkerInfo], reason: str, *,
-                    role: InstanceRole = InstanceRole.SERVE, batch_override: int | None = None, wait_ms: float | None = None,
+                    role: InstanceRole = InstanceRole.SERVE, batch_override: int | None = None,
+                    wait_ms: float | None = None,
                     in_background: bool = False) -> InstanceRow | None:
         """Places and starts one instance; None (with an event) when nothing fits or the worker fails.
         ``in_background``: the row is placed now, the worker's start order goes out in a task (a
@@ -65,7 +68,7 @@ class Actuator:
             return row
         return await self._order_start(client, order, row)
 
-    async def _order_start(self, client, order: StartInstance, row: InstanceRow) -> InstanceRow | None:  # noqa: ANN001
+    async def _order_start(self, client: WorkerClient, order: StartInstance, row: InstanceRow) -> InstanceRow | None:
         try:
             status = await client.start_instance(order)
         except WorkerUnavailable as exc:
@@ -78,7 +81,7 @@ class Actuator:
         return row
 
     async def _fail_if_never_placeable(self, function: FunctionRow, request: PlacementRequest,
-                                       live: Sequence[WorkerInfo], functions) -> None:  # noqa: ANN001
+                                       live: Sequence[WorkerInfo], functions: Sequence[FunctionRow]) -> None:
         """A new version that would not fit even on empty workers (too much memory, a GPU where
         there is none) fails at once with the reason, instead of waiting for ever; its invokes
         are then answered 503 straight away. Without any live worker it waits for one."""
@@ -139,5 +142,5 @@ class Actuator:
                                      f"{chosen.sm_request:g}, limit {chosen.sm_limit:g}", row.id)
 
 
-def _rows_and_functions(*, session):  # noqa: ANN001, ANN202
+def _rows_and_functions(*, session: Session) -> tuple[list[InstanceRow], list[FunctionRow]]:
     return repo.list_instances(session=session, active_only=True), repo.list_functions(session=session)

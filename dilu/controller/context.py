@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from sqlalchemy.exc import IntegrityError
@@ -58,7 +58,7 @@ class ControllerContext:
         log.info("%s %s: %s", function, action, reason)
         await self.db(repo.record_event, function=function, action=action, reason=reason, instance_id=instance_id)
 
-    def spawn(self, coroutine) -> asyncio.Task:  # noqa: ANN001
+    def spawn(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task:
         """Runs a worker call in the background; the loop wakes when it ends."""
         async def guarded() -> None:
             try:

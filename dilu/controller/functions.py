@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 
 from dilu.config import ControllerSettings
 from dilu.controller.actuators import Actuator
-from dilu.slices import effective_slice
 from dilu.controller.context import ControllerContext
 from dilu.controller.profiling import ProfilingJobs
 from dilu.db import repo
@@ -26,6 +25,7 @@ from dilu.policy.autoscale import ScalingInputs, ScalingParams, ScalingState, ob
 from dilu.policy.horizontal import HorizontalParams
 from dilu.policy.keepalive import KeepAliveParams
 from dilu.policy.replicas import ReplicaDecision
+from dilu.slices import effective_slice
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +129,8 @@ def _at_limits(current: list[InstanceRow], telemetry: dict) -> bool:
     views = [v if v and "used_share" in v else None for v in (telemetry.get(r.id) for r in current)]
     if not any(views):
         return True
-    return all(v is None or v.get("used_share", 0) >= 0.9 * (r.sm_limit or 1.0) for r, v in zip(current, views))
+    return all(v is None or v.get("used_share", 0) >= 0.9 * (r.sm_limit or 1.0) for r, v in zip(current, views,
+                                                                                                strict=True))
 
 
 def cold_start_estimate(rows: list[InstanceRow], version: int, default_s: float, newest: int = 5) -> float:

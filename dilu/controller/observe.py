@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from dilu.messages import FAILED, READY, STARTING, STOPPED, STOPPING, InstanceStatus
@@ -52,7 +52,7 @@ def _when(status: InstanceStatus, row: RowView, now: datetime) -> datetime:
     times count the memory held), kept between the row's creation and now (clocks may differ)."""
     if status.changed_at is None:
         return now
-    seen = datetime.fromtimestamp(status.changed_at, tz=timezone.utc)
+    seen = datetime.fromtimestamp(status.changed_at, tz=UTC)
     if now.tzinfo is None:          # naive UTC, as some databases return it
         seen = seen.replace(tzinfo=None)
     return min(now, max(row.created_at, seen))

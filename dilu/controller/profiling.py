@@ -22,8 +22,15 @@ from collections.abc import Sequence
 from dilu.config import ControllerSettings
 from dilu.controller.actuators import Actuator
 from dilu.controller.context import ControllerContext
-from dilu.controller.trials import (LiveTrialRunner, MissingSample, ProgressTrialRunner, SlicesUnavailable,
-                                    TrialFailed, run_search, sample_request)
+from dilu.controller.trials import (
+    LiveTrialRunner,
+    MissingSample,
+    ProgressTrialRunner,
+    SlicesUnavailable,
+    TrialFailed,
+    run_search,
+    sample_request,
+)
 from dilu.db import repo
 from dilu.db.models import FunctionRow, InstanceRow, ProfileRow
 from dilu.messages import ACTIVE_STATES, FAILED, READY, FunctionStatus, InstanceRole, WorkerInfo

@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -22,11 +23,21 @@ from dilu.controller.context import ControllerContext
 from dilu.controller.functions import FunctionManager
 from dilu.controller.observe import UNKNOWN_GRACE_S, RowView, fold
 from dilu.db import repo
-from dilu.failures import FailureLog
 from dilu.db.models import FunctionRow, InstanceRow, ProfileRow, utcnow
-from dilu.messages import ACTIVE_STATES, FAILED, READY, STARTING, STOPPING, Endpoint, FunctionActivity, FunctionStatus
-from dilu.messages import InstanceRole, InstanceStatus
-from dilu.messages import WorkerInfo
+from dilu.failures import FailureLog
+from dilu.messages import (
+    ACTIVE_STATES,
+    FAILED,
+    READY,
+    STARTING,
+    STOPPING,
+    Endpoint,
+    FunctionActivity,
+    FunctionStatus,
+    InstanceRole,
+    InstanceStatus,
+    WorkerInfo,
+)
 from dilu.policy.scheduler import Scheduler
 from dilu.state.base import Channel, StateStore, follow
 from dilu.worker_client import QUICK_CALL_S, WorkerDirectory, WorkerUnavailable
@@ -214,7 +225,7 @@ class Reconciler:
         return observed, reachable
 
     async def _fold_observations(self, snapshot: _Snapshot, observed: dict[str, InstanceStatus],
-                                 reachable: set[str], now) -> None:  # noqa: ANN001
+                                 reachable: set[str], now: datetime) -> None:
         for row in snapshot.instances:
             if row.state not in ACTIVE_STATES | {STOPPING} or row.worker_id not in reachable:
                 continue
@@ -279,7 +290,8 @@ class Reconciler:
         for row in snapshot.instances:
             if row.state == READY and row.endpoint and row.role == InstanceRole.SERVE:
                 routes.setdefault(row.function, []).append(Endpoint(row.id, row.endpoint))
-        stored = {name: sorted(eps, key=lambda e: e.instance_id) for name, eps in (await self._store.get_routes()).items()}
+        stored = {name: sorted(eps, key=lambda e: e.instance_id) for name,
+                  eps in (await self._store.get_routes()).items()}
         for name in set(routes) | set(stored):
             endpoints = sorted(routes.get(name, []), key=lambda e: e.instance_id)
             if endpoints != stored.get(name):

@@ -18,6 +18,7 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -109,7 +110,7 @@ class _LiveRunner:
 class LiveTrialRunner(_LiveRunner):
     """Inference trials: closed-loop requests with the function's sample input."""
 
-    def __init__(self, *, sample: bytes, **common) -> None:  # noqa: ANN003
+    def __init__(self, *, sample: bytes, **common: Any) -> None:
         super().__init__(**common)
         self.sample = sample
 

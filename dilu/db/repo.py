@@ -9,8 +9,18 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from dilu.db.models import (ApiKeyRow, BundleRow, FunctionRow, InstanceRow, LoadingStagesRow, ProfileRow,
-                            ScalingEventRow, WorkerRow, WorkflowRow, utcnow)
+from dilu.db.models import (
+    ApiKeyRow,
+    BundleRow,
+    FunctionRow,
+    InstanceRow,
+    LoadingStagesRow,
+    ProfileRow,
+    ScalingEventRow,
+    WorkerRow,
+    WorkflowRow,
+    utcnow,
+)
 from dilu.messages import ACTIVE_STATES, FunctionStatus, WorkerInfo
 
 

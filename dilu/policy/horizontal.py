@@ -67,7 +67,10 @@ class ScaleDecision:
 
 def decide(ctx: HorizontalContext, state: HorizontalState) -> tuple[ScaleDecision, HorizontalState]:
     params = ctx.params
-    clamp = lambda n: max(ctx.min_instances, min(ctx.max_instances, n))  # noqa: E731
+
+    def clamp(n: int) -> int:
+        return max(ctx.min_instances, min(ctx.max_instances, n))
+
     if state.last_sample_at is not None and ctx.now - state.last_sample_at < params.interval_s:
         return ScaleDecision(ctx.current), state
     newest = Sample(ctx.rate_per_s, ctx.in_flight + ctx.queued)

@@ -25,7 +25,7 @@ Times are seconds; ``now`` is always an argument.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class KeepAliveState:
     busy_rate: float = 0.0        # requests per second in the seconds that had any (moving average)
 
 
-class Verdict(str, Enum):
+class Verdict(StrEnum):
     HOLD = "hold"       # keep what runs, start nothing
     WARM = "warm"       # keep what runs, and have at least one instance (pre-warm)
     UNLOAD = "unload"   # down to the minimum
@@ -125,4 +125,5 @@ def decide(state: KeepAliveState, idle_s: float, *, fixed_keep_alive_s: float, c
 def _fixed(idle_s: float, keep_alive_s: float, why: str) -> KeepAliveDecision:
     if idle_s < keep_alive_s:
         return KeepAliveDecision(Verdict.HOLD, "fixed", f"within keep-alive ({why})")
-    return KeepAliveDecision(Verdict.UNLOAD, "fixed", f"idle for {min(idle_s, 1e9):.0f}s >= keep-alive {keep_alive_s:g}s")
+    return KeepAliveDecision(Verdict.UNLOAD, "fixed",
+                             f"idle for {min(idle_s, 1e9):.0f}s >= keep-alive {keep_alive_s:g}s")

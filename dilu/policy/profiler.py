@@ -329,7 +329,7 @@ class TableRunner:
             self.points.setdefault(int(batch), {})[int(sm)] = TrialResult(float(latency), float(throughput))
 
     @classmethod
-    def from_csv(cls, path: str | Path) -> "TableRunner":
+    def from_csv(cls, path: str | Path) -> TableRunner:
         with open(path, newline="", encoding="utf-8") as handle:
             reader = csv.DictReader(handle)
             return cls((int(float(r["batch"])), int(float(r["sm_pct"])), float(r["latency_s"]),

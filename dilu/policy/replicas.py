@@ -49,7 +49,8 @@ def desired_instances(ctx: ReplicaContext) -> ReplicaDecision:
     demand = ctx.in_flight + ctx.queued
     if demand > 0:
         if ctx.current == 0:
-            return ReplicaDecision(_clamp(ctx, max(ctx.min_instances, 1)), f"scale from zero: {demand} request(s) waiting")
+            return ReplicaDecision(_clamp(ctx, max(ctx.min_instances, 1)),
+                                   f"scale from zero: {demand} request(s) waiting")
         if ctx.lazy_desired is not None:
             desired = _clamp(ctx, max(ctx.lazy_desired, 1))
             return ReplicaDecision(desired, (ctx.lazy_reason or "horizontal scaler") if desired != ctx.current
@@ -65,7 +66,8 @@ def desired_instances(ctx: ReplicaContext) -> ReplicaDecision:
     if ctx.expected:   # a workflow request will reach it soon: load it now, or keep what runs
         if ctx.current == 0:
             return ReplicaDecision(_clamp(ctx, max(ctx.min_instances, 1)), "pre-load: a workflow request needs it soon")
-        return ReplicaDecision(_clamp(ctx, max(ctx.current, ctx.min_instances)), "kept: a workflow request needs it soon")
+        return ReplicaDecision(_clamp(ctx, max(ctx.current, ctx.min_instances)),
+                               "kept: a workflow request needs it soon")
     if ctx.release_idle and ctx.current > ctx.min_instances:
         return ReplicaDecision(ctx.min_instances, "workflow node idle: released until a workflow needs it again")
     if ctx.keep == Verdict.UNLOAD:

@@ -10,7 +10,7 @@ latency on a whole GPU.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 from dilu.policy.profiler import Profile, TableRunner, hybrid_growth_search
 from dilu.sim.workload import DATA
@@ -52,7 +52,7 @@ class ModelProfile:
         return self.profile.batch / self.latency(self.profile.batch, share)
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_model(name: str) -> ModelProfile:
     if name not in MEMORY_GB:
         raise ValueError(f"no profile for model {name!r}; known: {', '.join(MEMORY_GB)}")

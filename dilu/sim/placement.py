@@ -9,8 +9,8 @@ instance has asked for (1 - requests, at least 0); memory, the memory no instanc
 
 from __future__ import annotations
 
-from collections.abc import Callable
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -104,7 +104,8 @@ def _sample(snapshot: ClusterSnapshot, result: PlacementResult, at: float) -> No
     result.active_gpus.append(count)
     if count:
         result.compute_fragmentation.append(float(np.mean(np.clip(1.0 - snapshot.sm_requested[busy], 0.0, 1.0))))
-        result.memory_fragmentation.append(float(1.0 - snapshot.memory_used[busy].sum() / snapshot.memory_total[busy].sum()))
+        used = snapshot.memory_used[busy].sum() / snapshot.memory_total[busy].sum()
+        result.memory_fragmentation.append(float(1.0 - used))
     else:
         result.compute_fragmentation.append(0.0)
         result.memory_fragmentation.append(0.0)

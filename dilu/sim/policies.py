@@ -67,5 +67,6 @@ def parse_policies(text: str) -> list[str]:
     names = list(POLICY_NAMES) if text.strip() == "all" else [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in POLICY_NAMES]
     if unknown or not names:
-        raise ValueError(f"unknown policy {', '.join(unknown) or '(none given)'}; known: {', '.join(POLICY_NAMES)}, all")
+        raise ValueError(f"unknown policy {', '.join(unknown) or '(none given)'}; "
+                         f"known: {', '.join(POLICY_NAMES)}, all")
     return names

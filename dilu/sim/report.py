@@ -6,13 +6,14 @@ CSV, PNG plots, and the table ``dilu simulate`` prints.
 | metric | meaning |
 |---|---|
 | `peak_gpus`, `gpu_hours` | placement: most GPUs in use at once; GPU-hours in use over the workload |
-| `compute_fragmentation`, `memory_fragmentation` | placement: time-weighted mean, on GPUs in use, of the compute share nobody requested and of the memory nobody holds (0-1) |
-| `placement_waits`, `never_placed` | placement: starts that waited for room; instances deleted before they ever fitted |
+| `compute_fragmentation` | placement: time-weighted mean, on GPUs in use, of the compute share nobody requested (0-1) |
+| `memory_fragmentation` | placement: the same, of the memory nobody holds (0-1) |
+| `placement_waits`, `never_placed` | placement: starts that waited for room; instances deleted before they fitted |
 | `cost` | `gpu_hours` x the price per GPU-hour |
-| `slo_violation_rate` | serving: requests over their SLO, dropped after 30 s, or never served, per request that arrived |
+| `slo_violation_rate` | serving: requests over their SLO, dropped after 30 s or never served, per request |
 | `inference_throughput` | serving: requests served per second |
 | `training_throughput` | serving: training progress per job, 1.0 = a whole GPU alone |
-| `cold_starts` | serving: instance starts a request waited for (it arrived while none of its function's instances was ready) |
+| `cold_starts` | serving: instance starts a request waited for (none of its function's instances was ready) |
 | `instance_starts` | serving: every instance start (on demand, scale-out, pre-warm), beside the deploy's own |
 | `serving_gpu_hours`, `serving_peak_gpus` | serving: GPUs in use (integrated, and at most) |
 | `p50_latency_ms`, `p99_latency_ms` | serving: of the requests served |
@@ -80,7 +81,8 @@ def run_all(policies: list[str], events: list[InstanceEvent], serving: ServingSe
                 progress=(lambda n, name=name: advance(name, n)) if advance else None)
         elif advance:
             advance(name, len(events))
-        result = simulate_serving(policy, serving, progress=(lambda n, name=name: advance(name, n)) if advance else None)
+        result = simulate_serving(policy, serving, progress=(lambda n, name=name: advance(name,
+                                                                                          n)) if advance else None)
         runs[name] = PolicyRun(placements[key], result)
     return runs
 
@@ -100,7 +102,7 @@ def write(runs: dict[str, PolicyRun], out: Path, price_per_gpu_hour: float, cont
         writer.writerow(["policy", "t_s", "active_gpus", "compute_fragmentation", "memory_fragmentation"])
         for name, run in runs.items():
             p = run.placement
-            for row in zip(p.times, p.active_gpus, p.compute_fragmentation, p.memory_fragmentation):
+            for row in zip(p.times, p.active_gpus, p.compute_fragmentation, p.memory_fragmentation, strict=True):
                 writer.writerow([name, *row])
     _plots(runs, table, out)
     return table
@@ -127,7 +129,8 @@ def _plots(runs: dict[str, PolicyRun], table: dict[str, dict], out: Path) -> Non
             (("compute_fragmentation", "memory_fragmentation"), "Fragmentation on GPUs in use", "fragmentation.png"),
             (("slo_violation_rate",), "SLO violation rate (serving)", "slo_violations.png"),
             (("inference_throughput",), "Inference throughput, requests/s (serving)", "inference_throughput.png"),
-            (("training_throughput",), "Training throughput per job, 1 = a whole GPU (serving)", "training_throughput.png")):
+            (("training_throughput",), "Training throughput per job, 1 = a whole GPU (serving)",
+             "training_throughput.png")):
         figure, axis = plt.subplots(figsize=(9, 4))
         width = 0.8 / len(metric)
         for k, key in enumerate(metric):

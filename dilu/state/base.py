@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from enum import Enum
+from enum import StrEnum
 from typing import Any, Protocol
 
 from dilu.messages import Endpoint, FunctionActivity, WorkerInfo
@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 REQUEST_HISTORY_S = 120
 
 
-class Channel(str, Enum):
+class Channel(StrEnum):
     """Event channels. Messages are small JSON dicts; subscribers must tolerate missing ones."""
 
     DEMAND = "demand"          # {"function": name}: a request is waiting and nothing serves it;
@@ -76,7 +76,7 @@ class StateStore(Protocol):
     async def publish(self, channel: Channel, message: dict[str, Any]) -> None:
         """Best-effort broadcast to current subscribers of ``channel``."""
 
-    async def subscribe(self, channel: Channel) -> "Subscription":
+    async def subscribe(self, channel: Channel) -> Subscription:
         """Receives every message published on ``channel`` after this call returns."""
 
     async def close(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from dilu.messages import Endpoint, FunctionActivity, WorkerInfo
@@ -14,7 +15,7 @@ from dilu.state.base import REQUEST_HISTORY_S, Channel, merge_activity
 class MemoryStore:
     """Implements StateStore with dicts; TTLs follow the monotonic clock."""
 
-    def __init__(self, clock=time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._workers: dict[str, tuple[WorkerInfo, float]] = {}
         self._snapshots: dict[str, tuple[dict[str, dict[str, Any]], float]] = {}
@@ -88,7 +89,7 @@ class MemoryStore:
         for queue in list(self._subscribers.get(channel.value, ())):
             queue.put_nowait(dict(message))
 
-    async def subscribe(self, channel: Channel) -> "_MemorySubscription":
+    async def subscribe(self, channel: Channel) -> _MemorySubscription:
         queue: asyncio.Queue = asyncio.Queue()
         subscribers = self._subscribers.setdefault(channel.value, set())
         subscribers.add(queue)

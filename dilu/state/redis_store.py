@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
-import asyncio
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -92,7 +92,7 @@ class RedisStore:
             for key in keys:
                 pipe.lrange(self._key("history", key), 0, -1)
             lists = await pipe.execute()
-        return {key: [json.loads(item) for item in items] for key, items in zip(keys, lists)}
+        return {key: [json.loads(item) for item in items] for key, items in zip(keys, lists, strict=True)}
 
     async def get_routes(self) -> dict[str, list[Endpoint]]:
         raw = await self._redis.hgetall(self._key("routes"))
@@ -101,7 +101,7 @@ class RedisStore:
     async def publish(self, channel: Channel, message: dict[str, Any]) -> None:
         await self._redis.publish(self._key("events", channel.value), json.dumps(message))
 
-    async def subscribe(self, channel: Channel) -> "_RedisSubscription":
+    async def subscribe(self, channel: Channel) -> _RedisSubscription:
         pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
         await pubsub.subscribe(self._key("events", channel.value))
         return _RedisSubscription(pubsub)

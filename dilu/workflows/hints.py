@@ -35,7 +35,7 @@ class WorkflowHint:
         return asdict(self)
 
     @classmethod
-    def from_wire(cls, data: dict[str, Any] | None) -> "WorkflowHint":
+    def from_wire(cls, data: dict[str, Any] | None) -> WorkflowHint:
         data = data or {}
         return cls(*(None if data.get(k) is None else float(data[k])
                      for k in ("expected_until", "release_idle_until", "direct_at")))

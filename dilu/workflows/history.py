@@ -10,6 +10,7 @@ per function, since every workflow that uses a function loads the same thing.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -48,7 +49,7 @@ class RequestRecord:
                 "served": [[s.function, s.seconds, s.beside] for s in self.served]}
 
     @classmethod
-    def from_wire(cls, data: dict[str, Any]) -> "RequestRecord":
+    def from_wire(cls, data: dict[str, Any]) -> RequestRecord:
         return cls(float(data["arrived_at"]), {str(k): bool(v) for k, v in data.get("ran", {}).items()},
                    {str(k): float(v) for k, v in data.get("waits", {}).items()},
                    tuple(Served(str(f), float(s), {str(k): float(v) for k, v in b.items()})
@@ -69,7 +70,7 @@ class WorkflowHistory:
 
     @property
     def gaps(self) -> list[float]:
-        return [b - a for a, b in zip(self.arrivals, self.arrivals[1:])]
+        return [b - a for a, b in itertools.pairwise(self.arrivals)]
 
     @property
     def last_arrival(self) -> float | None:

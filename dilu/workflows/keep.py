@@ -145,7 +145,8 @@ def decide(spec: WorkflowSpec, estimates: dict[str, NodeEstimate], memory_bytes:
            gaps: list[float], ran_probability: dict[str, float], *, price: float = DEFAULT_PRICE,
            margin_s: float = 0.1, ready_margin_s: float = READY_MARGIN_S,
            root_ready_margin_s: float = ROOT_READY_MARGIN_S, elapsed_s: float = 0.0,
-           observed_exposed: dict[str, float] | None = None, probe: frozenset[str] = frozenset()) -> dict[str, NodeKeep]:
+           observed_exposed: dict[str, float] | None = None, probe: frozenset[str] = frozenset()) -> dict[str,
+                                                                                                          NodeKeep]:
     """Each node's keep verdict after a request. ``margin_s``: an estimated exposure this small
     counts as none. ``ready_margin_s``: a pre-warm is ready this much before the next request is
     likely (small: the cold start it is loaded ahead by is already a long estimate of the

@@ -313,7 +313,7 @@ class WorkflowLoader:
     async def _read(self, keys: list[str]) -> dict[str, list[dict[str, Any]]]:
         try:
             return await asyncio.wait_for(self.store.histories(keys), STORE_TIMEOUT_S)
-        except (Exception, asyncio.TimeoutError) as exc:  # noqa: BLE001 - a store outage: plan from nothing, as a new workflow
+        except (TimeoutError, Exception) as exc:  # noqa: BLE001 - a store outage: plan from nothing, as a new workflow
             logger.warning("workflow history unavailable (%s): planning without it", type(exc).__name__)
             return {}
 
@@ -321,5 +321,5 @@ class WorkflowLoader:
         try:
             await asyncio.wait_for(self.store.append_history(key, item, keep_items, HISTORY_TTL_S),
                                    STORE_TIMEOUT_S)
-        except (Exception, asyncio.TimeoutError) as exc:  # noqa: BLE001 - a store outage loses this sample, not the request
+        except (TimeoutError, Exception) as exc:  # noqa: BLE001 - a store outage loses this sample, not the request
             logger.warning("could not record workflow history (%s)", type(exc).__name__)

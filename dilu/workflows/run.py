@@ -60,7 +60,10 @@ async def run_workflow(spec: WorkflowSpec, request: Any, call: Call,
     ``chosen(node)`` of each node behind a condition as soon as the node its condition reads
     answers and the condition holds, while its other ancestors may still run."""
     started = time.perf_counter()
-    now_ms = lambda: round((time.perf_counter() - started) * 1000, 3)  # noqa: E731
+
+    def now_ms() -> float:
+        return round((time.perf_counter() - started) * 1000, 3)
+
     runs = {node.name: NodeRun() for node in spec.nodes}
     outputs: dict[str, Any] = {}
     done = {node.name: asyncio.Event() for node in spec.nodes}
@@ -114,7 +117,7 @@ async def run_workflow(spec: WorkflowSpec, request: Any, call: Call,
         for task in tasks:
             if not task.done():
                 task.cancel()
-        for name, node_run in runs.items():
+        for node_run in runs.values():
             if node_run.status == "pending":
                 node_run.status = "cancelled"
     for name in spec.outputs:

@@ -50,7 +50,7 @@ class Condition(_Strict):
     one_of: list[Any] | None = Field(None, max_length=100)
 
     @model_validator(mode="after")
-    def _one_test(self) -> "Condition":
+    def _one_test(self) -> Condition:
         given = [k for k in ("equals", "not_equals", "one_of") if k in self.model_fields_set]
         if len(given) != 1:
             raise ValueError("give exactly one of equals, not_equals, one_of")
@@ -194,7 +194,8 @@ def workflow_from_dict(document: Any) -> WorkflowSpec:
         for error in exc.errors():
             loc = error["loc"]
             where = ".".join(str(p) for p in loc)
-            if len(loc) >= 2 and loc[0] == "nodes" and isinstance(loc[1], int) and isinstance(document.get("nodes"), list) \
+            if len(loc) >= 2 and loc[0] == "nodes" and isinstance(loc[1], int) and isinstance(document.get("nodes"),
+                                                                                              list) \
                     and loc[1] < len(document["nodes"]) and isinstance(document["nodes"][loc[1]], dict):
                 where = f"node {document['nodes'][loc[1]].get('name', loc[1])!r}: " + ".".join(str(p) for p in loc[2:])
             message = "unknown field" if error["type"] == "extra_forbidden" else \

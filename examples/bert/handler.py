@@ -64,4 +64,4 @@ class BertEncoder(Handler):
         with torch.inference_mode():
             embeddings = self.model(ids, ids != PAD).cpu()
         return [{"embedding": [round(float(v), 6) for v in vector], "tokens": len(row)}
-                for vector, row in zip(embeddings, encoded)]
+                for vector, row in zip(embeddings, encoded, strict=True)]

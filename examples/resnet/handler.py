@@ -66,5 +66,5 @@ class ResNetClassifier(Handler):
         with torch.inference_mode():
             probabilities = torch.softmax(self.model(torch.stack(images).to(self.device)), dim=1).cpu()
         values, classes = probabilities.topk(min(self.top_k, probabilities.shape[1]), dim=1)
-        return [{"top": [{"class": int(c), "probability": round(float(p), 6)} for c, p in zip(cs, vs)]}
-                for cs, vs in zip(classes, values)]
+        return [{"top": [{"class": int(c), "probability": round(float(p), 6)} for c, p in zip(cs, vs, strict=True)]}
+                for cs, vs in zip(classes, values, strict=True)]

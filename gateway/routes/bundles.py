@@ -13,6 +13,7 @@ from gateway.deps import ServicesDep
 from gateway.docs import AUTH_ERRORS, SECURED, errors
 from gateway.limits import BodyTooLarge, read_capped
 
+
 class BundleStored(BaseModel):
     digest: str
     size: int

@@ -12,6 +12,7 @@ from fastapi import APIRouter, HTTPException
 from fastapi.responses import Response
 
 from dilu.db import repo
+from dilu.db.models import FunctionRow, InstanceRow, ProfileRow, ScalingEventRow, WorkerRow
 from gateway.dashboard.view import build
 from gateway.deps import ServicesDep
 from gateway.docs import AUTH_ERRORS, SECURED, errors
@@ -51,7 +52,8 @@ def asset(asset: str) -> Response:
                          "scaling decisions", "content": {"application/json": {"schema": {"type": "object"}}}},
     **AUTH_ERRORS})
 async def dashboard(services: ServicesDep) -> dict[str, Any]:
-    def read():  # noqa: ANN202
+    def read() -> tuple[list[WorkerRow], list[FunctionRow], list[InstanceRow], dict[str, ProfileRow | None],
+                        list[ScalingEventRow]]:
         with services.sessions() as session:
             functions = repo.list_functions(session=session)
             profiles = {f.name: repo.get_profile(session=session, function=f.name, version=f.version)
@@ -64,7 +66,7 @@ async def dashboard(services: ServicesDep) -> dict[str, Any]:
     try:   # counters and telemetry are best effort: the rest comes from the database
         activity = await services.store.function_activity()
         telemetry = await services.store.telemetry()
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - the store is down: the page shows the database alone
         activity, telemetry = {}, {}
     return build(now=time.time(), gateway=services.gateway_id, workers=workers, functions=functions,
                  instances=instances, profiles=profiles, events=events, activity=activity, telemetry=telemetry,

@@ -11,17 +11,18 @@ from sqlalchemy.orm import Session
 from dilu.bundles import has_module, is_digest
 from dilu.config import path_roots
 from dilu.db import repo
-from dilu.db.models import FunctionRow
+from dilu.db.models import FunctionRow, InstanceRow, WorkerRow
 from dilu.messages import READY, STARTING, InstanceRole
 from dilu.snapshot import check_resize
 from dilu.source import check_handler_source
-from dilu.spec import ClusterDefaults, SpecError, make_spec, spec_from_dict, spec_to_dict
+from dilu.spec import ClusterDefaults, FunctionSpec, SpecError, make_spec, spec_from_dict, spec_to_dict
 from dilu.state.base import Channel
 from gateway.auth import is_admin
-from gateway.docs import AUTH_ERRORS, SECURED, errors
 from gateway.deps import ServicesDep, SessionDep
+from gateway.docs import AUTH_ERRORS, SECURED, errors
 from gateway.routing import RoutingTable
 from gateway.schemas import DeployRequest, EventPublic, FunctionPublic, InstancePublic, SliceUpdate
+from gateway.services import GatewayServices
 
 router = APIRouter(prefix="/v1/functions", tags=["functions"], dependencies=SECURED, responses=AUTH_ERRORS)
 
@@ -44,7 +45,8 @@ def to_public(row: FunctionRow, session: Session, base_url: str,
         ready_instances=sum(1 for i in instances if i.state == READY),
         starting_instances=sum(1 for i in instances if i.state == STARTING),
         requests_total=row.requests_total, invoke_url=f"{base_url}/v1/functions/{row.name}/invoke",
-        spec=row.spec, source_dir=row.source_dir, bundle=row.bundle, created_at=row.created_at, updated_at=row.updated_at)
+        spec=row.spec, source_dir=row.source_dir, bundle=row.bundle, created_at=row.created_at,
+        updated_at=row.updated_at)
 
 
 def _base_url(request: Request) -> str:
@@ -66,7 +68,7 @@ def _without_key(endpoint: str | None) -> str | None:
     return f"{scheme}://{rest.split('/', 1)[0]}"
 
 
-def check_code(body: DeployRequest, spec, services) -> None:  # noqa: ANN001
+def check_code(body: DeployRequest, spec: FunctionSpec, services: GatewayServices) -> None:
     """Exactly one place the code comes from, and the handler's module is in it (SpecError if not)."""
     given = [what for what in ("bundle", "source_dir") if getattr(body, what)] + (["image"] if spec.image else [])
     if len(given) != 1:
@@ -150,7 +152,7 @@ async def delete_function(name: str, services: ServicesDep) -> dict[str, str]:
 @router.get("/{name}/instances", response_model=list[InstancePublic], responses=errors(404, 422))
 async def list_instances(name: str, services: ServicesDep, request: Request,
                          all: bool = Query(False, description="Include ended instances")) -> list[InstancePublic]:
-    def read():  # noqa: ANN202
+    def read() -> list[InstanceRow]:
         with services.sessions() as session:
             _existing(session, name)
             return repo.list_instances(session=session, function=name, active_only=not all)
@@ -178,7 +180,7 @@ async def set_slice(name: str, body: SliceUpdate, request: Request, services: Se
     """
     try:
         live = await services.store.live_workers()
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - any store failure: 503, the resize waits for it
         raise HTTPException(503, "the state store is unavailable: resizes wait for it (retry shortly)") from None
 
     def write() -> FunctionPublic:
@@ -213,7 +215,7 @@ async def get_logs(name: str, services: ServicesDep, tail: int = Query(200, ge=1
                    instances: int = Query(3, ge=1, le=50)) -> dict:
     """The log tails of the newest instances (ended ones included, so load errors stay visible)."""
 
-    def read_rows():  # noqa: ANN202
+    def read_rows() -> tuple[list[InstanceRow], dict[str, WorkerRow]]:
         with services.sessions() as session:
             _existing(session, name)
             rows = repo.list_instances(session=session, function=name)[-instances:]
@@ -227,7 +229,7 @@ async def get_logs(name: str, services: ServicesDep, tail: int = Query(200, ge=1
         client = services.directory.client_for(row.worker_id, worker.url if worker else None)
         try:
             text = await client.read_logs(row.id, tail) if client else ""
-        except Exception as exc:  # a lost worker must not hide the other instances' logs
+        except Exception as exc:  # noqa: BLE001 - a lost worker must not hide the other instances' logs
             text = f"(logs unavailable: {exc})"
         result.append({"instance": row.id, "state": row.state, "error": row.error, "log": text})
     return {"function": name, "instances": result}

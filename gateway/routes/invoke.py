@@ -17,9 +17,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from dilu.instance_protocol import is_loading
-from dilu.spec import retries_after_failure
 from dilu.limits import LimitExceeded, check_json_depth, load_finite_json
 from dilu.messages import FunctionStatus
+from dilu.spec import retries_after_failure
 from gateway.docs import AUTH_ERRORS, SECURED, ErrorBody, errors
 from gateway.forward import InstanceFailed, InstanceTimeout, NotDelivered
 from gateway.metrics import LATENCY, REQUESTS

@@ -10,8 +10,8 @@ from pydantic import BaseModel, Field, field_validator
 
 from dilu.db import repo
 from dilu.keys import SCOPE_PATTERN, check_scopes, new_key
-from gateway.docs import AUTH_ERRORS, SECURED, errors
 from gateway.deps import ServicesDep
+from gateway.docs import AUTH_ERRORS, SECURED, errors
 
 router = APIRouter(prefix="/v1/keys", tags=["keys"], dependencies=SECURED, responses=AUTH_ERRORS)
 

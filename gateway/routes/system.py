@@ -8,9 +8,11 @@ from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from dilu.db import repo
+from dilu.db.models import FunctionRow, InstanceRow, WorkerRow
 from dilu.messages import ACTIVE_STATES
 from gateway.deps import ServicesDep
 from gateway.docs import AUTH_ERRORS, SECURED
+from gateway.services import GatewayServices
 
 router = APIRouter(tags=["system"])
 
@@ -20,10 +22,10 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-async def _pools(services, workers) -> dict:  # noqa: ANN001
+async def _pools(services: GatewayServices, workers: list[WorkerRow]) -> dict:
     """Each live worker's runtime pool and token manager timing, asked of the worker itself (best
     effort, bounded)."""
-    async def one(worker):  # noqa: ANN001, ANN202
+    async def one(worker: WorkerRow) -> tuple[str, dict]:
         client = services.directory.client_for(worker.id, worker.url)
         if client is None or worker.state != "alive":
             return worker.id, {}
@@ -37,7 +39,7 @@ async def _pools(services, workers) -> dict:  # noqa: ANN001
 
 @router.get("/v1/status", dependencies=SECURED, responses=AUTH_ERRORS)
 async def status(services: ServicesDep) -> dict:
-    def read():  # noqa: ANN202
+    def read() -> tuple[list[WorkerRow], list[FunctionRow], list[InstanceRow]]:
         with services.sessions() as session:
             return (repo.list_workers(session=session), repo.list_functions(session=session),
                     repo.list_instances(session=session, active_only=True))
@@ -64,7 +66,8 @@ async def status(services: ServicesDep) -> dict:
 
 
 @router.get("/metrics", response_class=Response, responses={
-    200: {"description": "Prometheus text exposition", "content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}},
+    200: {"description": "Prometheus text exposition",
+          "content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}},
     **AUTH_ERRORS})
 def metrics() -> Response:
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

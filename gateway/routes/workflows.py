@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
 from dilu.db import repo
+from dilu.db.models import WorkflowRow
 from dilu.limits import LimitExceeded, check_json_depth, load_finite_json
 from dilu.workflows.run import WorkflowFailed
 from dilu.workflows.spec import WorkflowError, check_functions, make_workflow, workflow_from_dict, workflow_to_dict
@@ -20,6 +21,7 @@ from gateway.deps import ServicesDep, WorkflowsDep
 from gateway.docs import AUTH_ERRORS, SECURED, ErrorBody, errors
 from gateway.errors import error_response
 from gateway.limits import BodyTooLarge, read_capped
+from gateway.services import GatewayServices
 
 router = APIRouter(prefix="/v1/workflows", tags=["workflows"], dependencies=SECURED, responses=AUTH_ERRORS)
 
@@ -42,7 +44,7 @@ class WorkflowPublic(BaseModel):
                                           "({verdict: hold|prewarm|release|default, exposed_s, reason})")
 
 
-def _public(row, request: Request, keep: dict[str, dict[str, Any]] | None = None) -> WorkflowPublic:  # noqa: ANN001
+def _public(row: WorkflowRow, request: Request, keep: dict[str, dict[str, Any]] | None = None) -> WorkflowPublic:
     base = str(request.base_url).rstrip("/")
     return WorkflowPublic(name=row.name, version=row.version, nodes=len(row.spec.get("nodes", [])), spec=row.spec,
                           invoke_url=f"{base}/v1/workflows/{row.name}/invoke", created_at=row.created_at,
@@ -64,7 +66,7 @@ async def deploy_workflow(body: WorkflowDeploy, request: Request, services: Serv
     except WorkflowError as exc:
         raise HTTPException(422, f"invalid workflow: {exc}") from None
 
-    def write():  # noqa: ANN202
+    def write() -> tuple[WorkflowPublic, bool]:
         with services.sessions() as session:
             check_functions(spec, {f.name for f in repo.list_functions(session=session)})
             row, created = repo.put_workflow(session=session, name=spec.name, spec=workflow_to_dict(spec))
@@ -79,15 +81,15 @@ async def deploy_workflow(body: WorkflowDeploy, request: Request, services: Serv
 
 @router.get("", response_model=list[WorkflowPublic])
 async def list_workflows(request: Request, services: ServicesDep) -> list[WorkflowPublic]:
-    def read():  # noqa: ANN202
+    def read() -> list[WorkflowPublic]:
         with services.sessions() as session:
             return [_public(row, request) for row in repo.list_workflows(session=session)]
 
     return await asyncio.to_thread(read)
 
 
-async def _load(services, name: str):  # noqa: ANN001, ANN202
-    def read():  # noqa: ANN202
+async def _load(services: GatewayServices, name: str) -> WorkflowRow:
+    def read() -> WorkflowRow | None:
         with services.sessions() as session:
             return repo.get_workflow(session=session, name=name)
 

@@ -19,9 +19,9 @@ from typing import Any
 # handlers are not needed there (children never use gRPC) and warn on every fork.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
-import grpc  # noqa: E402
-import numpy as np  # noqa: E402
-from tritonclient.grpc import service_pb2, service_pb2_grpc  # noqa: E402
+import grpc
+import numpy as np
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from dilu.keys import Need
 from gateway.services import GatewayServices
@@ -104,20 +104,25 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             await context.abort(STATUS_CODES.get(exc.status, grpc.StatusCode.INTERNAL), exc.message)
             raise  # not reached: abort raises
 
-    async def ServerLive(self, request, context):  # noqa: ANN001, ANN201, N802 - the protocol's names
+    async def ServerLive(self, request: service_pb2.ServerLiveRequest,  # the protocol's names
+                         context: grpc.aio.ServicerContext) -> service_pb2.ServerLiveResponse:
         return service_pb2.ServerLiveResponse(live=True)
 
-    async def ServerReady(self, request, context):  # noqa: ANN001, ANN201, N802
+    async def ServerReady(self, request: service_pb2.ServerReadyRequest,
+                          context: grpc.aio.ServicerContext) -> service_pb2.ServerReadyResponse:
         return service_pb2.ServerReadyResponse(ready=True)
 
-    async def ServerMetadata(self, request, context):  # noqa: ANN001, ANN201, N802
+    async def ServerMetadata(self, request: service_pb2.ServerMetadataRequest,
+                             context: grpc.aio.ServicerContext) -> service_pb2.ServerMetadataResponse:
         return service_pb2.ServerMetadataResponse(name=SERVER_NAME, version=VERSION, extensions=EXTENSIONS)
 
-    async def ModelReady(self, request, context):  # noqa: ANN001, ANN201, N802
+    async def ModelReady(self, request: service_pb2.ModelReadyRequest,
+                         context: grpc.aio.ServicerContext) -> service_pb2.ModelReadyResponse:
         model = await self._model(context, Need.MODEL, request.name, request.version)
         return service_pb2.ModelReadyResponse(ready=model.ready)
 
-    async def ModelMetadata(self, request, context):  # noqa: ANN001, ANN201, N802
+    async def ModelMetadata(self, request: service_pb2.ModelMetadataRequest,
+                            context: grpc.aio.ServicerContext) -> service_pb2.ModelMetadataResponse:
         model = await self._model(context, Need.MODEL, request.name, request.version)
         meta = model.metadata()
         tensor = service_pb2.ModelMetadataResponse.TensorMetadata
@@ -125,7 +130,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             name=meta["name"], versions=meta["versions"], platform=meta["platform"],
             inputs=[tensor(**t) for t in meta["inputs"]], outputs=[tensor(**t) for t in meta["outputs"]])
 
-    async def ModelInfer(self, request, context):  # noqa: ANN001, ANN201, N802
+    async def ModelInfer(self, request: service_pb2.ModelInferRequest,
+                         context: grpc.aio.ServicerContext) -> service_pb2.ModelInferResponse:
         model = await self._model(context, Need.INVOKE, request.model_name, request.model_version)
         try:
             result = await infer(self._services_of(), model, decode(model, request))

@@ -89,12 +89,14 @@ def server_metadata() -> dict[str, Any]:
     return {"name": SERVER_NAME, "version": VERSION, "extensions": EXTENSIONS}
 
 
-@router.get("/health/live", response_class=Response, responses={200: {"description": "The gateway is serving (empty body)"}})
+@router.get("/health/live", response_class=Response,
+            responses={200: {"description": "The gateway is serving (empty body)"}})
 def live() -> Response:
     return Response(status_code=200)
 
 
-@router.get("/health/ready", response_class=Response, responses={200: {"description": "The gateway serves and its database answers"},
+@router.get("/health/ready", response_class=Response,
+            responses={200: {"description": "The gateway serves and its database answers"},
                                         **errors(503)})
 async def ready(request: Request) -> Response:
     def query() -> None:

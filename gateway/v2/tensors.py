@@ -42,7 +42,7 @@ def element_count(shape: list[int]) -> int:
 
 def shape_fits(declared: list[int], actual: list[int] | tuple[int, ...]) -> bool:
     """Same rank, and every fixed (non -1) dimension equal."""
-    return len(declared) == len(actual) and all(d in (-1, a) for d, a in zip(declared, actual))
+    return len(declared) == len(actual) and all(d in (-1, a) for d, a in zip(declared, actual, strict=True))
 
 
 def _check_shape(spec: TensorSpec, shape: Any) -> list[int]:

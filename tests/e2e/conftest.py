@@ -10,7 +10,7 @@ from tests.platform import Platform
 
 
 @pytest.fixture
-def start_platform(tmp_path: Path):  # noqa: ANN201
+def start_platform(tmp_path: Path):
     """Factory: ``start_platform(env=..., demo=...)``; every platform is stopped after the test."""
     started: list[Platform] = []
 

@@ -12,10 +12,10 @@ import tarfile
 import uuid
 from pathlib import Path
 
+import grpc
 import httpx
 import numpy as np
 import pytest
-import grpc
 import tritonclient.grpc as triton_grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
@@ -28,7 +28,7 @@ from tests.waiting import eventually
 EVIL = "https://evil.example"
 
 
-def test_a_web_page_cannot_drive_an_open_platform(start_platform, tmp_path: Path) -> None:  # noqa: ANN001
+def test_a_web_page_cannot_drive_an_open_platform(start_platform, tmp_path: Path) -> None:
     platform = start_platform()
     http = platform.http
     source = shutil.copytree(FIXTURE_FUNCTIONS / "ok", tmp_path / "ok")
@@ -59,7 +59,7 @@ def test_a_web_page_cannot_drive_an_open_platform(start_platform, tmp_path: Path
     assert http.get("/healthz", headers=rebound).status_code == 200     # liveness stays answerable
 
 
-def test_once_closed_a_platform_stays_closed(start_platform) -> None:  # noqa: ANN001
+def test_once_closed_a_platform_stays_closed(start_platform) -> None:
     platform = start_platform()
     created = platform.cli("keys", "create", "ops", "--scope", "admin")
     assert created.returncode == 0, created.stderr
@@ -99,7 +99,7 @@ def _member(name: str, kind: bytes, linkname: str = "") -> tarfile.TarInfo:
     return info
 
 
-def test_bad_archives_are_refused_at_upload_naming_the_member(start_platform) -> None:  # noqa: ANN001
+def test_bad_archives_are_refused_at_upload_naming_the_member(start_platform) -> None:
     platform = start_platform(env={"DILU_MAX_BUNDLE_BYTES": str(8 * 2**20)})
     handler = {"handler.py": b"class H:\n    pass\n"}
     many = io.BytesIO()
@@ -124,7 +124,7 @@ def test_bad_archives_are_refused_at_upload_naming_the_member(start_platform) ->
     assert platform.http.post("/v1/bundles", content=_tar_gz(handler)).status_code == 201
 
 
-def test_numbers_outside_the_protocol_are_400_on_every_transport(start_platform, tmp_path: Path) -> None:  # noqa: ANN001
+def test_numbers_outside_the_protocol_are_400_on_every_transport(start_platform, tmp_path: Path) -> None:
     platform = start_platform()
     for name in ("iris", "echo"):
         done = platform.cli("deploy", str(ROOT / "examples" / name / "model.yaml"))
@@ -132,7 +132,8 @@ def test_numbers_outside_the_protocol_are_400_on_every_transport(start_platform,
     platform.wait_ready("iris")
     http = platform.http
 
-    reply = http.post("/v1/functions/echo/invoke", content=b'{"x": 1e400}', headers={"content-type": "application/json"})
+    reply = http.post("/v1/functions/echo/invoke", content=b'{"x": 1e400}',
+                      headers={"content-type": "application/json"})
     assert reply.status_code == 400 and "outside the range of a 64-bit float" in reply.json()["error"]
     done = platform.cli("deploy", str(FIXTURE_FUNCTIONS / "not_finite" / "model.yaml"))
     assert done.returncode == 0, done.stderr
@@ -144,8 +145,8 @@ def test_numbers_outside_the_protocol_are_400_on_every_transport(start_platform,
     assert reply.status_code == 400 and "outside the range" in reply.json()["error"]
 
     def v2(shape: list[int], data: bytes) -> httpx.Response:
-        header = ('{"inputs": [{"name": "features", "datatype": "FP32", "shape": %s, '
-                  '"parameters": {"binary_data_size": %d}}]}' % (shape, len(data))).encode()
+        header = (f'{{"inputs": [{{"name": "features", "datatype": "FP32", "shape": {shape}, '
+                  f'"parameters": {{"binary_data_size": {len(data)}}}}}]}}').encode()
         return http.post("/v2/models/iris/infer", content=header + data,
                          headers={"inference-header-content-length": str(len(header)),
                                   "content-type": "application/octet-stream"})
@@ -179,7 +180,7 @@ def test_numbers_outside_the_protocol_are_400_on_every_transport(start_platform,
     assert "Traceback" not in platform.role.log()
 
 
-def test_the_cli_prints_what_functions_produce_as_plain_text(start_platform, tmp_path: Path) -> None:  # noqa: ANN001
+def test_the_cli_prints_what_functions_produce_as_plain_text(start_platform, tmp_path: Path) -> None:
     platform = start_platform()
     source = shutil.copytree(FIXTURE_FUNCTIONS / "markup", tmp_path / "markup")
     platform.cli("deploy", str(source / "model.yaml"))      # its load fails: what matters is what follows
@@ -193,7 +194,7 @@ def test_the_cli_prints_what_functions_produce_as_plain_text(start_platform, tmp
     assert "\x1b]8;" not in logs.stdout + described.stdout      # no terminal hyperlink was drawn
 
 
-def test_retries_are_the_functions_choice_and_the_reply_says_so(start_platform, tmp_path: Path) -> None:  # noqa: ANN001
+def test_retries_are_the_functions_choice_and_the_reply_says_so(start_platform, tmp_path: Path) -> None:
     platform = start_platform()
     source = shutil.copytree(FIXTURE_FUNCTIONS / "dies_once", tmp_path / "dies")
     deployed = platform.cli("deploy", str(source / "model.yaml"))

@@ -19,7 +19,7 @@ def bearer(key: str) -> dict[str, str]:
     return {"authorization": f"Bearer {key}"}
 
 
-def test_keys_and_scopes(start_platform, tmp_path: Path) -> None:  # noqa: ANN001
+def test_keys_and_scopes(start_platform, tmp_path: Path) -> None:
     platform = start_platform()
     source = shutil.copytree(FIXTURE_FUNCTIONS / "ok", tmp_path / "ok")
     assert platform.cli("deploy", str(source / "model.yaml")).returncode == 0   # open: no key yet
@@ -120,7 +120,7 @@ def test_exposed_worker_needs_the_cluster_key(tmp_path: Path) -> None:
     assert refused.returncode == 1 and "DILU_CLUSTER_KEY" in refused.stderr and "Traceback" not in refused.stderr
 
 
-def test_python_client_sends_the_key(start_platform, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+def test_python_client_sends_the_key(start_platform, tmp_path: Path, monkeypatch) -> None:
     from dilu.client import Client, DiluError
 
     admin = "client-admin-key-0123456789abcdef"

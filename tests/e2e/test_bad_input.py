@@ -14,7 +14,7 @@ from tests.waiting import eventually
 
 
 @pytest.fixture
-def serving(start_platform, tmp_path: Path):  # noqa: ANN001, ANN201
+def serving(start_platform, tmp_path: Path):
     """A platform with a small body limit and a healthy function that must keep working."""
     platform = start_platform(env={"DILU_MAX_REQUEST_BYTES": "2048", "DILU_MAX_BUNDLE_BYTES": str(2**20)})
     source = shutil.copytree(FIXTURE_FUNCTIONS / "ok", tmp_path / "ok")
@@ -74,7 +74,7 @@ def test_handler_that_cannot_load_fails_the_deploy_with_its_error(serving, tmp_p
     assert reply.status_code == 503 and message in reply.json()["error"]
 
 
-def test_bad_requests_get_json_errors(serving) -> None:  # noqa: ANN001
+def test_bad_requests_get_json_errors(serving) -> None:
     cases = [
         (serving.http.post("/v1/functions/ok/invoke", content=b"{not json"), 400, "not valid JSON"),
         (serving.http.post("/v1/functions/ghost/invoke", json={}), 404, "function 'ghost' not found"),
@@ -108,7 +108,7 @@ def _oversized(tmp_path: Path) -> Path:
     return folder
 
 
-def test_cli_errors_are_one_line_messages(serving, tmp_path: Path) -> None:  # noqa: ANN001
+def test_cli_errors_are_one_line_messages(serving, tmp_path: Path) -> None:
     for args, message in [
         (["invoke", "ghost"], "function 'ghost' not found"),
         (["invoke", "ok", "--data", "{oops"], "--data is not valid JSON"),
@@ -116,14 +116,15 @@ def test_cli_errors_are_one_line_messages(serving, tmp_path: Path) -> None:  # n
         (["deploy", str(tmp_path / "missing.yaml")], "no such file"),
         (["rm", "ghost"], "not found"),
         (["describe", "ghost"], "not found"),
-        (["deploy", str(_oversized(tmp_path) / "model.yaml")], "over the 1.0 MiB bundle limit; largest files: huge.bin"),
+        (["deploy", str(_oversized(tmp_path) / "model.yaml")],
+         "over the 1.0 MiB bundle limit; largest files: huge.bin"),
     ]:
         result = serving.cli(*args)
         assert result.returncode == 1, args
         assert message in result.stderr and "Traceback" not in result.stderr, (args, result.stderr)
 
 
-def test_cli_reports_an_unreachable_gateway(serving) -> None:  # noqa: ANN001
+def test_cli_reports_an_unreachable_gateway(serving) -> None:
     import os
     import subprocess
 

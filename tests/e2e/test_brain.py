@@ -82,7 +82,8 @@ def test_bursty_load_scales_out_lazily_and_back_in(start_platform, tmp_path: Pat
     profile = platform.function("bursty")["profile"]
     capacity = profile["throughput_per_s"]
     assert 1 <= profile["batch"] <= 8, "the search stays within the spec's max_batch_size"
-    profiled = [e["reason"] for e in platform.http.get("/v1/functions/bursty/events").json() if e["action"] == "profiled"]
+    events = platform.http.get("/v1/functions/bursty/events").json()
+    profiled = [e["reason"] for e in events if e["action"] == "profiled"]
     assert profiled and "formed on average" in profiled[0] and "p99" in profiled[0], profiled
     trace = [float(line) for line in TRACE.read_text().split()]
     start = max(range(len(trace) - 40), key=lambda i: sum(trace[i:i + 20]) - sum(trace[i + 20:i + 40]))
@@ -123,7 +124,7 @@ def test_an_idle_function_goes_to_zero_and_is_prewarmed_before_its_next_request(
             # Regular 8 s gaps: the histogram learns them, unloads the instance after each request
             # and pre-warms it shortly before the next one.
             deadline = time.monotonic() + 8
-            eventually(lambda: time.monotonic() >= deadline, timeout=10, interval=0.05)
+            eventually(lambda until=deadline: time.monotonic() >= until, timeout=10, interval=0.05)
         warm = bool([i for i in platform.instances("regular") if i["state"] == "ready"])
         assert platform.invoke("regular", {"n": index}).status_code == 200
         served_warm.append(warm)
@@ -195,7 +196,8 @@ def test_profiling_without_a_sample_input_fails_the_deployment_saying_what_to_ad
 def test_a_sample_the_function_fails_on_fails_the_deployment_with_its_error(start_platform, tmp_path: Path) -> None:
     platform = start_platform(env={"DILU_PROFILING": "true", "DILU_PROFILE_TRIAL_S": "0.2"})
     source = shutil.copytree(FIXTURE_FUNCTIONS / "picky", tmp_path / "picky")
-    (source / "model.yaml").write_text("name: picky\nhandler: handler:Picky\nresources:\n  memory: 64Mi\n  gpu: false\n")
+    (source / "model.yaml").write_text("name: picky\nhandler: handler:Picky\n"
+                                       "resources:\n  memory: 64Mi\n  gpu: false\n")
     (source / "request.json").write_text('{"x": "four"}')
     result = platform.cli("deploy", str(source / "model.yaml"), timeout=300)
     assert result.returncode == 1, result.stdout

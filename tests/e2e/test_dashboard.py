@@ -29,8 +29,9 @@ TRAINING_COLOUR = (0x33, 0x66, 0xCC)   # the first colour of the page's palette:
 
 
 @pytest.fixture
-def browser():  # noqa: ANN201
-    assert CHROMIUM and CHROMEDRIVER, "the dashboard tests need Debian's chromium and chromium-driver (.ci/run installs them)"
+def browser():
+    assert CHROMIUM and CHROMEDRIVER, \
+        "the dashboard tests need Debian's chromium and chromium-driver (.ci/run installs them)"
     options = Options()
     options.binary_location = CHROMIUM
     for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
@@ -41,13 +42,13 @@ def browser():  # noqa: ANN201
     driver.quit()
 
 
-def _wait(driver, condition, what: str, timeout: float = 60):  # noqa: ANN001, ANN202
+def _wait(driver, condition, what: str, timeout: float = 60):
     # The page redraws every second: an element found just before a redraw goes stale; look again.
     return WebDriverWait(driver, timeout, poll_frequency=0.2, ignored_exceptions=(StaleElementReferenceException,)
                          ).until(lambda d: condition(d), message=what)
 
 
-def _cell(driver, function: str, column: str) -> str:  # noqa: ANN001
+def _cell(driver, function: str, column: str) -> str:
     return driver.find_element(By.CSS_SELECTOR, f'tr[data-function="{function}"] td.{column}').text
 
 
@@ -57,7 +58,7 @@ def _coloured_pixels(path: Path, colour: tuple[int, int, int]) -> int:
     return int((np.abs(pixels - np.array(colour, dtype=np.int16)) <= 12).all(axis=-1).sum())
 
 
-def test_dashboard_shows_the_platform_live(start_platform, browser, tmp_path: Path) -> None:  # noqa: ANN001
+def test_dashboard_shows_the_platform_live(start_platform, browser, tmp_path: Path) -> None:
     build_shim()
     platform = start_platform(env={"DILU_FAKE_GPUS": "1", "DILU_GPUS": "none", "DILU_ADMIN_KEY": ADMIN,
                                    "DILU_API_KEY": ADMIN})
@@ -98,8 +99,11 @@ def test_dashboard_shows_the_platform_live(start_platform, browser, tmp_path: Pa
 
     # ...and so does a vertical resize: the training instance's granted share drops to its new limit.
     training = platform.instances("synthetic-training")[0]["id"]
-    granted = lambda d: float(d.find_element(By.CSS_SELECTOR, f'tr[data-instance="{training}"]')  # noqa: E731
-                              .get_attribute("data-granted") or "nan")
+
+    def granted(d: object) -> float:
+        return float(d.find_element(By.CSS_SELECTOR, f'tr[data-instance="{training}"]')
+                     .get_attribute("data-granted") or "nan")
+
     _wait(browser, lambda d: granted(d) > 0.3, "the training instance's share before the resize")
     assert platform.cli("scale", "synthetic-training", "--sm-request", "0.1", "--sm-limit", "0.2").returncode == 0
     _wait(browser, lambda d: granted(d) <= 0.2 + 1e-6, "the resize to show")

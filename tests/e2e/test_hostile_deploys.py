@@ -13,7 +13,7 @@ from tests.conftest import FIXTURE_FUNCTIONS
 from tests.waiting import eventually
 
 
-def test_concurrent_deploys_impossible_deploys_and_deletes(start_platform, tmp_path: Path) -> None:  # noqa: ANN001
+def test_concurrent_deploys_impossible_deploys_and_deletes(start_platform, tmp_path: Path) -> None:
     # Slow trials, so the delete below lands in the middle of profiling.
     platform = start_platform(env={"DILU_PROFILING": "true", "DILU_PROFILE_TRIAL_S": "2"})
     source = shutil.copytree(FIXTURE_FUNCTIONS / "ok", tmp_path / "ok")
@@ -54,7 +54,7 @@ def test_concurrent_deploys_impossible_deploys_and_deletes(start_platform, tmp_p
     assert "Traceback" not in platform.role.log()
 
 
-def test_code_comes_only_from_the_function(start_platform, tmp_path: Path) -> None:  # noqa: ANN001
+def test_code_comes_only_from_the_function(start_platform, tmp_path: Path) -> None:
     import os
     import sys
 

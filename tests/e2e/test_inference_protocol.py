@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 FLOWERS = np.array([[5.1, 3.5, 1.4, 0.2], [6.7, 3.0, 5.2, 2.3], [5.9, 2.8, 4.3, 1.3]], dtype=np.float32)
 
 
-def _deploy(platform, *names: str) -> None:  # noqa: ANN001
+def _deploy(platform, *names: str) -> None:
     for name in names:
         done = platform.cli("deploy", str(REPO / "examples" / name / "model.yaml"))
         assert done.returncode == 0, done.stderr
@@ -26,13 +26,13 @@ def _deploy(platform, *names: str) -> None:  # noqa: ANN001
         platform.wait_ready(name)
 
 
-def _requests_counted(platform, function: str) -> float:  # noqa: ANN001
+def _requests_counted(platform, function: str) -> float:
     text = platform.http.get("/metrics").text
     pattern = rf'^dilu_gateway_requests_total\{{code="200",function="{function}"\}} (\S+)$'
     return sum(float(m) for m in re.findall(pattern, text, flags=re.MULTILINE))
 
 
-def _expected(platform) -> dict:  # noqa: ANN001
+def _expected(platform) -> dict:
     """What Dilu's own API answers for the same flowers: both protocols run one handler."""
     reply = platform.invoke("iris", {"features": FLOWERS.tolist()})
     assert reply.status_code == 200, reply.text
@@ -40,13 +40,13 @@ def _expected(platform) -> dict:  # noqa: ANN001
 
 
 @pytest.fixture
-def iris(start_platform):  # noqa: ANN001, ANN201
+def iris(start_platform):
     platform = start_platform()
     _deploy(platform, "iris", "echo")
     return platform
 
 
-def test_tritonclient_http(iris) -> None:  # noqa: ANN001
+def test_tritonclient_http(iris) -> None:
     expected = _expected(iris)
     assert expected["species"] == ["setosa", "virginica", "versicolor"]
     client = triton_http.InferenceServerClient(iris.url.removeprefix("http://"))
@@ -94,10 +94,10 @@ def test_tritonclient_http(iris) -> None:  # noqa: ANN001
     client.close()
 
 
-def test_raw_http_errors_name_the_problem(iris) -> None:  # noqa: ANN001
+def test_raw_http_errors_name_the_problem(iris) -> None:
     http = iris.http
 
-    def infer(body: bytes, **headers: str):  # noqa: ANN202
+    def infer(body: bytes, **headers: str):
         return http.post("/v2/models/iris/infer", content=body, headers=headers)
 
     tensor = {"name": "features", "datatype": "FP32", "shape": [1, 4]}
@@ -128,7 +128,7 @@ def test_raw_http_errors_name_the_problem(iris) -> None:  # noqa: ANN001
     assert http.get("/v2/health/live").status_code == 200 and http.get("/v2/health/ready").status_code == 200
 
 
-def test_tritonclient_grpc(iris) -> None:  # noqa: ANN001
+def test_tritonclient_grpc(iris) -> None:
     expected = _expected(iris)
     client = triton_grpc.InferenceServerClient(iris.grpc_address)
     assert client.is_server_live() and client.is_server_ready()
@@ -160,7 +160,7 @@ def test_tritonclient_grpc(iris) -> None:  # noqa: ANN001
     client.close()
 
 
-def test_keys_guard_both_transports(start_platform) -> None:  # noqa: ANN001
+def test_keys_guard_both_transports(start_platform) -> None:
     admin = "admin-key-for-the-protocol-test-0123"
     platform = start_platform(env={"DILU_ADMIN_KEY": admin, "DILU_API_KEY": admin})
     platform.http.headers["authorization"] = f"Bearer {admin}"

@@ -27,14 +27,16 @@ def _why_not() -> str | None:
     if os.geteuid() != 0:
         return "the user switch is what a root worker does"
     problem = runtime_problem(sys.executable, InstanceUser(FIRST_UID, FIRST_UID, "probe"), Path("/"))
-    return f"instance users cannot start the instance runtime here ({problem}); .ci/run opens the way" if problem else None
+    if problem is None:
+        return None
+    return f"instance users cannot start the instance runtime here ({problem}); .ci/run opens the way"
 
 
 switching_users = pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()))
 SECRET = "s3cr3t-cluster-key-of-the-platform-0123"
 
 
-def deploy_snoop(platform, tmp_path: Path, name: str, extra: str = "") -> None:  # noqa: ANN001
+def deploy_snoop(platform, tmp_path: Path, name: str, extra: str = "") -> None:
     source = shutil.copytree(FIXTURE_FUNCTIONS / "snoop", tmp_path / name)
     spec = (source / "model.yaml").read_text().replace("name: snoop", f"name: {name}") + extra
     (source / "model.yaml").write_text(spec)
@@ -44,14 +46,14 @@ def deploy_snoop(platform, tmp_path: Path, name: str, extra: str = "") -> None: 
     assert deployed.returncode == 0, deployed.stderr
 
 
-def snoop(platform, name: str, **probe) -> dict:  # noqa: ANN001
+def snoop(platform, name: str, **probe) -> dict:
     reply = platform.invoke(name, probe)
     assert reply.status_code == 200, reply.text
     return reply.json()
 
 
 @switching_users
-def test_instances_run_unprivileged_and_apart(start_platform, tmp_path: Path) -> None:  # noqa: ANN001
+def test_instances_run_unprivileged_and_apart(start_platform, tmp_path: Path) -> None:
     platform = start_platform(env={"DILU_CLUSTER_KEY": SECRET, "MY_PLATFORM_TOKEN": "t0ken"})
     deploy_snoop(platform, tmp_path, "alpha")
     # A PYTHON* variable is read at start-up, so beta's instance is a fresh process, alpha's a spare.
@@ -118,7 +120,7 @@ def test_a_root_worker_refuses_mps_which_serves_one_user_at_a_time(tmp_path: Pat
 
 
 @switching_users
-def test_gpu_instances_reach_the_token_manager_as_another_user(start_platform) -> None:  # noqa: ANN001
+def test_gpu_instances_reach_the_token_manager_as_another_user(start_platform) -> None:
     build_shim()
     platform = start_platform(env={"DILU_FAKE_GPUS": "1", "DILU_GPUS": "none"})
     deployed = platform.cli("deploy", str(ROOT / "examples" / "synthetic-gpu" / "latency.yaml"))
@@ -130,4 +132,5 @@ def test_gpu_instances_reach_the_token_manager_as_another_user(start_platform) -
         telemetry = platform.instances("synthetic-latency")[0]["telemetry"]
         return telemetry is not None and telemetry["launches"] > 0
 
-    eventually(gated, timeout=30, what=f"token-manager telemetry; logs: {platform.cli('logs', 'synthetic-latency').stdout}")
+    eventually(gated, timeout=30,
+               what=f"token-manager telemetry; logs: {platform.cli('logs', 'synthetic-latency').stdout}")

@@ -15,7 +15,7 @@ from tests.conftest import FIXTURE_FUNCTIONS, ROOT
 ADMIN_KEY = "fuzz-admin-key-" + "k" * 20
 
 
-def test_schemathesis_finds_nothing(start_platform, tmp_path: Path) -> None:  # noqa: ANN001
+def test_schemathesis_finds_nothing(start_platform, tmp_path: Path) -> None:
     platform = start_platform(env={"DILU_ADMIN_KEY": ADMIN_KEY})
     platform.env["DILU_API_KEY"] = ADMIN_KEY
     source = shutil.copytree(FIXTURE_FUNCTIONS / "ok", tmp_path / "ok")

@@ -85,7 +85,7 @@ class CuttableProxy:
         self.listener.close()
 
 
-def test_postgresql_down_answers_503_with_a_json_error(start_platform, postgres_url: str) -> None:  # noqa: ANN001
+def test_postgresql_down_answers_503_with_a_json_error(start_platform, postgres_url: str) -> None:
     proxy = CuttableProxy(("127.0.0.1", 5432))
     try:
         platform = start_platform(env={"DILU_DATABASE_URL": postgres_url.replace("127.0.0.1:5432",
@@ -107,7 +107,7 @@ def test_postgresql_down_answers_503_with_a_json_error(start_platform, postgres_
         proxy.close()
 
 
-def test_a_hung_worker_is_judged_lost_and_holds_up_no_one(start_platform, tmp_path: Path, postgres_url: str,  # noqa: ANN001
+def test_a_hung_worker_is_judged_lost_and_holds_up_no_one(start_platform, tmp_path: Path, postgres_url: str,
                                                           redis_prefix: str) -> None:
     shared = {"DILU_DATABASE_URL": postgres_url, "DILU_REDIS_URL": REDIS_URL, "DILU_REDIS_PREFIX": redis_prefix,
               "DILU_CLUSTER_KEY": "cluster-secret-" + "y" * 16}
@@ -140,7 +140,7 @@ def test_a_hung_worker_is_judged_lost_and_holds_up_no_one(start_platform, tmp_pa
         worker.stop()
 
 
-def test_a_redis_outage_is_logged_once_with_a_count(tmp_path: Path, start_platform) -> None:  # noqa: ANN001
+def test_a_redis_outage_is_logged_once_with_a_count(tmp_path: Path, start_platform) -> None:
     store = PrivateRedis(tmp_path)
     store.start()
     try:

@@ -39,7 +39,7 @@ def test_two_hosts(tmp_path: Path, postgres_url: str, redis_prefix: str) -> None
             roles.append(start_role(["worker"], {
                 **env, "DILU_HOME": str(tmp_path / name), "DILU_HOST": address, "DILU_PORT": "0",
                 "DILU_WORKER_NAME": name, "DILU_FAKE_GPUS": str(gpus)}, tmp_path / f"{name}.log"))
-        for role, (address, _) in zip(roles, hosts.values()):
+        for role, (address, _) in zip(roles, hosts.values(), strict=True):
             assert urlsplit(role.url).hostname == address and urlsplit(role.url).port not in (None, 0)
             # A worker takes orders only from callers with the cluster key.
             refused = httpx.get(f"{role.url}/v1/instances", timeout=10)

@@ -19,7 +19,7 @@ def _built() -> None:
     build_shim()
 
 
-def training_share(platform) -> float:  # noqa: ANN001
+def training_share(platform) -> float:
     share = platform.invoke("synthetic-training", {}).json()["share"]
     return share if share is not None else -1.0
 

@@ -31,7 +31,7 @@ output: [shrink, total]
 """
 
 
-def _deploy_steps(platform, tmp_path: Path) -> None:  # noqa: ANN001
+def _deploy_steps(platform, tmp_path: Path) -> None:
     for name, op, amount in (("inc", "add", 1), ("double", "times", 2), ("total", "sum", 0), ("half", "times", 0.5),
                              ("broken", "fail", 0)):
         folder = shutil.copytree(FIXTURE_FUNCTIONS / "step", tmp_path / name)
@@ -41,7 +41,7 @@ def _deploy_steps(platform, tmp_path: Path) -> None:  # noqa: ANN001
         assert deployed.returncode == 0, deployed.stderr
 
 
-def test_workflow_end_to_end(start_platform, tmp_path: Path) -> None:  # noqa: ANN001
+def test_workflow_end_to_end(start_platform, tmp_path: Path) -> None:
     platform = start_platform()
     _deploy_steps(platform, tmp_path)
     spec_file = tmp_path / "workflow.yaml"
@@ -96,12 +96,12 @@ def test_workflow_end_to_end(start_platform, tmp_path: Path) -> None:  # noqa: A
     assert http.get("/v1/workflows/arith").status_code == 404
 
 
-def _instance_created(platform, function: str) -> float:  # noqa: ANN001
+def _instance_created(platform, function: str) -> float:
     rows = platform.http.get(f"/v1/functions/{function}/instances").json()
     return min(datetime.fromisoformat(r["created_at"]).timestamp() for r in rows)
 
 
-def test_nodes_load_in_the_slack_or_when_reached(start_platform, tmp_path: Path) -> None:  # noqa: ANN001
+def test_nodes_load_in_the_slack_or_when_reached(start_platform, tmp_path: Path) -> None:
     platform = start_platform()
     # slow: 1.5 s per request after a 1 s load, so a request that meets it cold waits ~2.5 s;
     # what plans b's load is the 1.5 s, not the wait.
@@ -134,7 +134,7 @@ def test_nodes_load_in_the_slack_or_when_reached(start_platform, tmp_path: Path)
     assert created < 0.5 < a_ended            # loaded at the request's arrival
 
 
-def test_a_rare_branch_loads_once_chosen_not_once_reached(start_platform, tmp_path: Path) -> None:  # noqa: ANN001
+def test_a_rare_branch_loads_once_chosen_not_once_reached(start_platform, tmp_path: Path) -> None:
     platform = start_platform()
     # a decides (x becomes 2); b takes 1.5 s; c, behind a's condition, never ran before: the plan
     # does not load it ahead, but once a has chosen it, it loads while b still runs.
@@ -154,7 +154,7 @@ def test_a_rare_branch_loads_once_chosen_not_once_reached(start_platform, tmp_pa
     assert reply["nodes"]["a"]["ended_ms"] / 1000 - 0.05 < created < reply["nodes"]["b"]["ended_ms"] / 1000
 
 
-def _deploy_step(platform, tmp_path: Path, name: str, model: str, scaling: tuple[str, str] | None = None) -> None:  # noqa: ANN001
+def _deploy_step(platform, tmp_path: Path, name: str, model: str, scaling: tuple[str, str] | None = None) -> None:
     """The step fixture as function ``name`` with ``model`` options (and one scaling field replaced)."""
     folder = shutil.copytree(FIXTURE_FUNCTIONS / "step", tmp_path / name)
     text = (folder / "model.yaml").read_text().replace("name: step", f"name: {name}")
@@ -164,11 +164,11 @@ def _deploy_step(platform, tmp_path: Path, name: str, model: str, scaling: tuple
     assert platform.cli("deploy", str(folder / "model.yaml")).returncode == 0
 
 
-def _ready(platform, function: str) -> bool:  # noqa: ANN001
+def _ready(platform, function: str) -> bool:
     return any(row["state"] == "ready" for row in platform.instances(function))
 
 
-def _every_4_s(platform, workflow: str, count: int, before=None) -> float:  # noqa: ANN001
+def _every_4_s(platform, workflow: str, count: int, before=None) -> float:
     """``count`` requests, one every 4 s (the arrival process, not a wait for state); ``before(n)``
     runs ahead of the n-th. Returns when the first was due."""
     first = time.time()
@@ -181,7 +181,7 @@ def _every_4_s(platform, workflow: str, count: int, before=None) -> float:  # no
     return first
 
 
-def test_a_root_called_at_a_steady_rhythm_is_released_and_prewarmed_between_requests(  # noqa: ANN001
+def test_a_root_called_at_a_steady_rhythm_is_released_and_prewarmed_between_requests(
         start_platform, tmp_path: Path) -> None:
     """The root has no slack: its 1 s load would show in every request. Called every 4 s, it is
     unloaded between requests (though its own keep-alive is 300 s) and loaded again on its own
@@ -189,7 +189,8 @@ def test_a_root_called_at_a_steady_rhythm_is_released_and_prewarmed_between_requ
     platform = start_platform()
     _deploy_step(platform, tmp_path, "root", "{op: add, load_s: 1.0}")
     _deploy_step(platform, tmp_path, "leaf", "{op: add}")
-    spec = "name: rhythm\nloading: slack\nnodes:\n  - {name: a, function: root}\n  - {name: b, function: leaf, after: [a]}\n"
+    spec = ("name: rhythm\nloading: slack\nnodes:\n"
+            "  - {name: a, function: root}\n  - {name: b, function: leaf, after: [a]}\n")
     assert platform.http.post("/v1/workflows", json={"yaml": spec}).status_code in (200, 201)
     first = _every_4_s(platform, "rhythm", 3)
     eventually(lambda: not platform.instances("root"), timeout=3, what="the root to be released after the request")
@@ -204,7 +205,7 @@ def test_a_root_called_at_a_steady_rhythm_is_released_and_prewarmed_between_requ
     assert described.returncode == 0 and "a: prewarm: unloaded for" in described.stdout, described.stdout
 
 
-def test_a_node_whose_loading_slows_the_running_node_is_loaded_before_the_next_request(  # noqa: ANN001
+def test_a_node_whose_loading_slows_the_running_node_is_loaded_before_the_next_request(
         start_platform, tmp_path: Path) -> None:
     """``busy`` stands for what loading and serving share on a host (its cores): while the leaf
     loads, the root ``s`` running beside it takes 0.6 s longer. The leaf's 0.3 s load hides in
@@ -252,7 +253,7 @@ nodes:
 
 
 @pytest.mark.parametrize("price", ["0.5", None])
-def test_a_node_done_mid_request_leaves_when_its_memory_outweighs_a_stop_beside_the_running_nodes(  # noqa: ANN001
+def test_a_node_done_mid_request_leaves_when_its_memory_outweighs_a_stop_beside_the_running_nodes(
         start_platform, tmp_path: Path, price: str | None) -> None:
     """A quick root (128 MiB) before a 2 s node, called every 4 s. At the default price its 2 s
     of waiting memory (0.0025 s worth) are worth less than what a stop costs the running node
@@ -262,11 +263,13 @@ def test_a_node_done_mid_request_leaves_when_its_memory_outweighs_a_stop_beside_
     platform = start_platform(env={"DILU_WORKFLOW_MEMORY_PRICE": price} if price else {})
     _deploy_step(platform, tmp_path, "quick", "{op: add}")
     _deploy_step(platform, tmp_path, "long", "{op: add, sleep_s: 2.0}")
-    spec = "name: early\nloading: slack\nnodes:\n  - {name: a, function: quick}\n  - {name: b, function: long, after: [a]}\n"
+    spec = ("name: early\nloading: slack\nnodes:\n"
+            "  - {name: a, function: quick}\n  - {name: b, function: long, after: [a]}\n")
     assert platform.http.post("/v1/workflows", json={"yaml": spec}).status_code in (200, 201)
     first = _every_4_s(platform, "early", 3)
     if not price:
-        eventually(lambda: _ready(platform, "quick"), timeout=4, what="the root to be loaded again before the next request")
+        eventually(lambda: _ready(platform, "quick"), timeout=4,
+                   what="the root to be loaded again before the next request")
     time.sleep(max(0.0, first + 12 - time.time()))
     sent = time.time()
     reply = platform.http.post("/v1/workflows/early/invoke", params={"timings": "true"}, json={"x": 1})
@@ -288,7 +291,7 @@ def test_a_node_done_mid_request_leaves_when_its_memory_outweighs_a_stop_beside_
         assert ended > long_done, (latest, long_done)
 
 
-def test_a_request_slower_than_its_plan_keeps_the_nodes_it_still_needs(start_platform, tmp_path: Path) -> None:  # noqa: ANN001
+def test_a_request_slower_than_its_plan_keeps_the_nodes_it_still_needs(start_platform, tmp_path: Path) -> None:
     """Every 4 s, a root that answers at once before a leaf whose 0.3 s load would show: the leaf
     is released after each request and pre-warmed before the next. Then one request's root runs
     2 s longer than it ever did. The leaf, loaded for that request, stays loaded until the request
@@ -302,9 +305,11 @@ def test_a_request_slower_than_its_plan_keeps_the_nodes_it_still_needs(start_pla
     shared.chmod(0o777)      # instances run as another user when the worker is root
     gate = shared / "gate"
     gate.write_text("open")
-    _deploy_step(platform, tmp_path, "gated", f"{{op: add, gate_file: '{gate}'}}", ("min_instances: 0", "min_instances: 1"))
+    _deploy_step(platform, tmp_path, "gated", f"{{op: add, gate_file: '{gate}'}}", ("min_instances: 0",
+                                                                                    "min_instances: 1"))
     _deploy_step(platform, tmp_path, "after", "{op: add, load_s: 0.3}", ("keep_alive_s: 300", "keep_alive_s: 1"))
-    spec = "name: late\nloading: slack\nnodes:\n  - {name: a, function: gated}\n  - {name: b, function: after, after: [a]}\n"
+    spec = ("name: late\nloading: slack\nnodes:\n"
+            "  - {name: a, function: gated}\n  - {name: b, function: after, after: [a]}\n")
     assert platform.http.post("/v1/workflows", json={"yaml": spec}).status_code in (200, 201)
     first = _every_4_s(platform, "late", 3)
     assert platform.http.get("/v1/workflows/late").json()["keep"]["b"]["verdict"] == "prewarm"
@@ -314,7 +319,8 @@ def test_a_request_slower_than_its_plan_keeps_the_nodes_it_still_needs(start_pla
     time.sleep(max(0.0, first + 12 - time.time()))
     sent = time.time()
     with ThreadPoolExecutor(1) as sender:
-        reply = sender.submit(platform.http.post, "/v1/workflows/late/invoke", params={"timings": "true"}, json={"x": 1})
+        reply = sender.submit(platform.http.post, "/v1/workflows/late/invoke", params={"timings": "true"},
+                              json={"x": 1})
         eventually(lambda: (shared / "gate.started").exists(), timeout=10, what="the root to hold the request")
         time.sleep(2.0)     # the root runs 2 s longer than its history says: the workload, not a wait for state
         gate.write_text("open")

@@ -14,7 +14,7 @@ from tests.conftest import REDIS_URL
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
-def sessions(request: pytest.FixtureRequest, tmp_path: Path):  # noqa: ANN201
+def sessions(request: pytest.FixtureRequest, tmp_path: Path):
     """Sessions on a migrated SQLite file, then on the migrated PostgreSQL test database."""
     url = f"sqlite:///{tmp_path / 'db' / 'dilu.db'}" if request.param == "sqlite" \
         else request.getfixturevalue("postgres_url")
@@ -27,7 +27,7 @@ def sessions(request: pytest.FixtureRequest, tmp_path: Path):  # noqa: ANN201
 
 
 @pytest.fixture(params=["memory", "redis"])
-async def store(request: pytest.FixtureRequest):  # noqa: ANN201
+async def store(request: pytest.FixtureRequest):
     """The state store contract's two implementations: the in-process one and the real Redis."""
     if request.param == "memory":
         instance = MemoryStore()

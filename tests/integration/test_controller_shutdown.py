@@ -41,7 +41,7 @@ def test_a_stopping_role_ends_even_with_a_call_stuck_in_a_thread() -> None:
 
     stuck = ("import logging, threading\n"
              "logging.basicConfig(level=logging.INFO)\n"
-             "from dilu.roles import exit_within\n"
+             "from cli.roles.serving import exit_within\n"
              "threading.Thread(target=threading.Event().wait).start()   # a call nothing can cancel\n"
              "exit_within(0.2)\n")
     done = subprocess.run([sys.executable, "-c", stuck], capture_output=True, text=True, timeout=60)
@@ -55,7 +55,7 @@ def test_a_role_started_with_sigint_ignored_still_stops_on_it() -> None:
     import sys
 
     role = ("import asyncio, sys\n"
-            "from dilu.cli.main import _run\n"
+            "from cli.main import _run\n"
             "async def serve():\n"
             "    print('serving', flush=True)\n"
             "    await asyncio.Event().wait()\n"

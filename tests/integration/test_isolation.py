@@ -21,7 +21,7 @@ def _built() -> None:
 
 
 @pytest.fixture
-def manager(tmp_path: Path):  # noqa: ANN201
+def manager(tmp_path: Path):
     with running_manager(tmp_path, "GPU-isolation") as started:
         yield started
 

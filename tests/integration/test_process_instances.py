@@ -18,13 +18,13 @@ from tests.builders import make_start
 from tests.conftest import FIXTURE_FUNCTIONS
 from tests.waiting import async_eventually
 from worker.agent import WorkerAgent
-from worker.cgroups import CpuLimiter
 from worker.backends.process import ProcessBackend
+from worker.cgroups import CpuLimiter
 
 OK = str(FIXTURE_FUNCTIONS / "ok")
 
 @pytest.fixture
-async def agent(tmp_path: Path):  # noqa: ANN201
+async def agent(tmp_path: Path):
     store = MemoryStore()
     info = WorkerInfo(id="w-test", host="test", url=None,
                       device=DeviceInfo(kind="cpu", uuid=None, name="cpu", memory_bytes=2**33))
@@ -244,7 +244,8 @@ async def test_a_cpu_instance_starts_in_a_spare_process_with_its_own_env_dir_and
         if limiter.available:
             assert "/i-spare" in Path(f"/proc/{spare_pid}/cgroup").read_text()
         assert "ready" in (tmp_path / "logs" / "i-spare.log").read_text(), "its log is the instance's log"
-        assert len(backend.pool().spares) == 1 and backend.pool().spares[0].process.pid != spare_pid, "a new spare waits"
+        spares = backend.pool().spares
+        assert len(spares) == 1 and spares[0].process.pid != spare_pid, "a new spare waits"
         next_spare = backend.pool().spares[0].process
     finally:
         await agent.shutdown()
@@ -408,7 +409,7 @@ class _OnceFailingBackend(ProcessBackend):
 
     failures = 1
 
-    def exit_code(self, running):  # noqa: ANN001, ANN201
+    def exit_code(self, running):
         if self.failures:
             self.failures -= 1
             raise OSError("transient failure reading the exit status")

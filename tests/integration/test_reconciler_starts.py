@@ -59,14 +59,14 @@ class HeldStartsWorker:
         return {"runtime_pool": None}
 
 
-def _ready_function(sessions, name: str) -> None:  # noqa: ANN001
+def _ready_function(sessions, name: str) -> None:
     with sessions() as session:
         repo.upsert_function(session=session, spec=make_spec_dict(name, resources=PINNED,
                                                                   scaling={"min_instances": 1}), source_dir="/code")
         repo.set_function_status(session=session, name=name, version=1, status=FunctionStatus.READY.value)
 
 
-async def _controller(sessions, http: httpx.AsyncClient) -> tuple[Reconciler, HeldStartsWorker]:  # noqa: ANN001
+async def _controller(sessions, http: httpx.AsyncClient) -> tuple[Reconciler, HeldStartsWorker]:
     store = MemoryStore()
     await store.heartbeat(make_worker("w1"), ttl_s=60)
     directory = WorkerDirectory(http, None)
@@ -75,7 +75,7 @@ async def _controller(sessions, http: httpx.AsyncClient) -> tuple[Reconciler, He
     return Reconciler(sessions=sessions, store=store, directory=directory, scheduler=create_scheduler()), worker
 
 
-async def test_a_pass_does_not_wait_for_the_worker_to_take_a_start_order(sessions) -> None:  # noqa: ANN001
+async def test_a_pass_does_not_wait_for_the_worker_to_take_a_start_order(sessions) -> None:
     _ready_function(sessions, "fa")
     async with httpx.AsyncClient() as http:
         reconciler, worker = await _controller(sessions, http)
@@ -96,7 +96,7 @@ async def test_a_pass_does_not_wait_for_the_worker_to_take_a_start_order(session
             await reconciler.shutdown()
 
 
-async def test_an_instance_that_became_ready_is_routable_before_the_pass_starts_others(sessions) -> None:  # noqa: ANN001
+async def test_an_instance_that_became_ready_is_routable_before_the_pass_starts_others(sessions) -> None:
     _ready_function(sessions, "fa")
     _ready_function(sessions, "fb")
     with sessions() as session:
@@ -130,7 +130,7 @@ class StuckListingWorker(HeldStartsWorker):
         return list(self.statuses.values())
 
 
-async def test_an_instance_reported_ready_is_routed_without_waiting_for_the_pass_in_progress(sessions) -> None:  # noqa: ANN001
+async def test_an_instance_reported_ready_is_routed_without_waiting_for_the_pass_in_progress(sessions) -> None:
     _ready_function(sessions, "fa")
     with sessions() as session:
         repo.upsert_workers(session=session, workers=[make_worker("w1"), make_worker("w2")], now=utcnow())

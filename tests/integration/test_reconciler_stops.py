@@ -41,7 +41,7 @@ class RecordingWorker(HeldStartsWorker):
         await super().stop_instance(instance_id)
 
 
-def _function(sessions, name: str, versions: int = 1) -> None:  # noqa: ANN001
+def _function(sessions, name: str, versions: int = 1) -> None:
     with sessions() as session:
         for version in range(1, versions + 1):
             spec = make_spec_dict(name, resources=PINNED, scaling={"min_instances": 1}, env={"V": str(version)})
@@ -49,7 +49,7 @@ def _function(sessions, name: str, versions: int = 1) -> None:  # noqa: ANN001
         repo.set_function_status(session=session, name=name, version=versions, status=FunctionStatus.READY.value)
 
 
-def _ready_instance(sessions, worker: RecordingWorker, instance_id: str, function: str, version: int) -> None:  # noqa: ANN001
+def _ready_instance(sessions, worker: RecordingWorker, instance_id: str, function: str, version: int) -> None:
     endpoint = f"http://127.0.0.1:9/{instance_id}"
     with sessions() as session:
         repo.create_instance(session=session, row=InstanceRow(
@@ -58,7 +58,7 @@ def _ready_instance(sessions, worker: RecordingWorker, instance_id: str, functio
     worker.statuses[instance_id] = InstanceStatus(instance_id, function, version, READY, endpoint=endpoint)
 
 
-async def test_a_stopped_instance_is_unrouted_then_stopped_before_the_pass_moves_on(sessions) -> None:  # noqa: ANN001
+async def test_a_stopped_instance_is_unrouted_then_stopped_before_the_pass_moves_on(sessions) -> None:
     _function(sessions, "fa", versions=2)     # its version-1 instance is replaced: stopped
     _function(sessions, "fb")                 # reconciled after fa: needs a start
     with sessions() as session:

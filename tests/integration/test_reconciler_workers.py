@@ -25,12 +25,12 @@ class Clock:
         return self.now
 
 
-def _states(sessions) -> dict[str, str]:  # noqa: ANN001
+def _states(sessions) -> dict[str, str]:
     with sessions() as session:
         return {w.id: w.state for w in repo.list_workers(session=session)}
 
 
-async def test_a_lost_worker_that_heartbeats_again_is_alive_at_the_next_pass(sessions) -> None:  # noqa: ANN001
+async def test_a_lost_worker_that_heartbeats_again_is_alive_at_the_next_pass(sessions) -> None:
     clock = Clock()
     store = MemoryStore(clock=clock)
     async with httpx.AsyncClient() as http:

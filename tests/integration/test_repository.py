@@ -14,7 +14,7 @@ def _instance(instance_id: str, function: str = "fn", worker: str = "w1", state:
                        memory_bytes=1024, created_at=utcnow())
 
 
-def test_redeploy_bumps_version_and_resets_status(sessions) -> None:  # noqa: ANN001
+def test_redeploy_bumps_version_and_resets_status(sessions) -> None:
     with sessions() as session:
         row, created = repo.upsert_function(session=session, spec=make_spec_dict("fn"), source_dir="/a")
         assert created and row.version == 1 and row.status == "deploying"
@@ -28,7 +28,7 @@ def test_redeploy_bumps_version_and_resets_status(sessions) -> None:  # noqa: AN
         assert stored.created_at.tzinfo is not None
 
 
-def test_stale_status_does_not_overwrite_a_newer_version(sessions) -> None:  # noqa: ANN001
+def test_stale_status_does_not_overwrite_a_newer_version(sessions) -> None:
     with sessions() as session:
         repo.upsert_function(session=session, spec=make_spec_dict("fn"), source_dir="/a")
         repo.upsert_function(session=session, spec=make_spec_dict("fn"), source_dir="/a")
@@ -36,7 +36,7 @@ def test_stale_status_does_not_overwrite_a_newer_version(sessions) -> None:  # n
         assert repo.get_function(session=session, name="fn").status == "deploying"
 
 
-def test_lost_worker_takes_its_instances_with_it(sessions) -> None:  # noqa: ANN001
+def test_lost_worker_takes_its_instances_with_it(sessions) -> None:
     now = utcnow()
     with sessions() as session:
         repo.upsert_function(session=session, spec=make_spec_dict("fn"), source_dir="/a")
@@ -51,7 +51,7 @@ def test_lost_worker_takes_its_instances_with_it(sessions) -> None:  # noqa: ANN
         assert [r.id for r in repo.list_instances(session=session, active_only=True)] == ["i2"]
 
 
-def test_delete_function_removes_its_instances(sessions) -> None:  # noqa: ANN001
+def test_delete_function_removes_its_instances(sessions) -> None:
     with sessions() as session:
         repo.upsert_function(session=session, spec=make_spec_dict("fn"), source_dir="/a")
         repo.create_instance(session=session, row=_instance("i1"))
@@ -60,7 +60,7 @@ def test_delete_function_removes_its_instances(sessions) -> None:  # noqa: ANN00
         assert repo.list_instances(session=session) == []
 
 
-def test_request_counts_and_events(sessions) -> None:  # noqa: ANN001
+def test_request_counts_and_events(sessions) -> None:
     with sessions() as session:
         repo.upsert_function(session=session, spec=make_spec_dict("fn"), source_dir="/a")
         repo.add_request_counts(session=session, counts={"fn": 3})
@@ -71,7 +71,7 @@ def test_request_counts_and_events(sessions) -> None:  # noqa: ANN001
         assert [e.reason for e in repo.list_events(session=session, function="fn", limit=2)] == ["r3", "r4"]
 
 
-def test_prune_keeps_the_newest_ended_instances(sessions) -> None:  # noqa: ANN001
+def test_prune_keeps_the_newest_ended_instances(sessions) -> None:
     base = utcnow()
     with sessions() as session:
         repo.upsert_function(session=session, spec=make_spec_dict("fn"), source_dir="/a")
@@ -84,7 +84,7 @@ def test_prune_keeps_the_newest_ended_instances(sessions) -> None:  # noqa: ANN0
         assert sorted(r.id for r in repo.list_instances(session=session)) == ["i3", "i4", "live"]
 
 
-def test_concurrent_deploys_of_one_name_get_every_version_once(sessions) -> None:  # noqa: ANN001
+def test_concurrent_deploys_of_one_name_get_every_version_once(sessions) -> None:
     from concurrent.futures import ThreadPoolExecutor
     from threading import Barrier
 

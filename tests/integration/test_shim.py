@@ -17,7 +17,7 @@ def _built() -> None:
 
 
 @pytest.fixture
-def manager(tmp_path: Path):  # noqa: ANN201
+def manager(tmp_path: Path):
     with running_manager(tmp_path) as started:
         yield started
 

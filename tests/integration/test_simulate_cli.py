@@ -12,7 +12,8 @@ from tests.platform import dilu_executable
 
 DOCUMENTED = {"peak_gpus", "gpu_hours", "compute_fragmentation", "memory_fragmentation", "placement_waits",
               "never_placed", "cost", "slo_violation_rate", "inference_throughput", "training_throughput",
-              "cold_starts", "instance_starts", "serving_unplaced", "serving_gpu_hours", "serving_peak_gpus", "p50_latency_ms",
+              "cold_starts", "instance_starts", "serving_unplaced", "serving_gpu_hours", "serving_peak_gpus",
+              "p50_latency_ms",
               "p99_latency_ms"}
 
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import time
 
-
 from dilu.messages import Endpoint
 from dilu.state.base import Channel
 from tests.builders import make_worker
 from tests.waiting import async_eventually
 
 
-async def test_heartbeats_expire(store) -> None:  # noqa: ANN001
+async def test_heartbeats_expire(store) -> None:
     await store.heartbeat(make_worker("short"), ttl_s=0.2)
     await store.heartbeat(make_worker("long"), ttl_s=30)
     assert {w.id for w in await store.live_workers()} == {"short", "long"}
@@ -24,7 +23,7 @@ async def test_heartbeats_expire(store) -> None:  # noqa: ANN001
     await async_eventually(only_long, timeout=5, what="short heartbeat to expire")
 
 
-async def test_routes_replace_and_clear(store) -> None:  # noqa: ANN001
+async def test_routes_replace_and_clear(store) -> None:
     await store.set_routes("f", [Endpoint("a", "http://a"), Endpoint("b", "http://b")])
     await store.set_routes("g", [Endpoint("c", "http://c")])
     await store.set_routes("f", [Endpoint("b", "http://b")])
@@ -33,7 +32,7 @@ async def test_routes_replace_and_clear(store) -> None:  # noqa: ANN001
     assert set(await store.get_routes()) == {"f"}
 
 
-async def test_activity_sums_gateways_and_counts_requests(store) -> None:  # noqa: ANN001
+async def test_activity_sums_gateways_and_counts_requests(store) -> None:
     second = int(time.time())
     await store.report_activity("gw1", {"f": {"in_flight": 2, "queued": 1, "last_request_at": 5.0}},
                                 {"f": {second: 3}}, ttl_s=30)
@@ -44,7 +43,7 @@ async def test_activity_sums_gateways_and_counts_requests(store) -> None:  # noq
     assert activity.requests == {second: 5}
 
 
-async def test_publish_reaches_subscribers_of_that_channel_only(store) -> None:  # noqa: ANN001
+async def test_publish_reaches_subscribers_of_that_channel_only(store) -> None:
     demand = await store.subscribe(Channel.DEMAND)
     routes = await store.subscribe(Channel.ROUTES)
     await store.publish(Channel.DEMAND, {"function": "f"})
@@ -54,7 +53,7 @@ async def test_publish_reaches_subscribers_of_that_channel_only(store) -> None: 
     await routes.aclose()
 
 
-async def test_histories_keep_the_newest_items_of_each_key(store) -> None:  # noqa: ANN001
+async def test_histories_keep_the_newest_items_of_each_key(store) -> None:
     for i in range(5):
         await store.append_history("w", {"i": i}, keep=3, ttl_s=30)
     await store.append_history("v", {"i": "v"}, keep=3, ttl_s=30)

@@ -40,7 +40,7 @@ async def _measure_load(loader: WorkflowLoader, function: str) -> None:
     await loader.platform.become_routable(function)
 
 
-async def test_two_gateways_make_the_same_keep_decisions_as_one(store) -> None:  # noqa: ANN001
+async def test_two_gateways_make_the_same_keep_decisions_as_one(store) -> None:
     alone = _loader(MemoryStore())
     for record in RECORDS:
         await alone.record("pipeline", record)

@@ -9,7 +9,7 @@ import pytest
 
 @pytest.fixture(autouse=True)
 def _no_network(monkeypatch: pytest.MonkeyPatch) -> None:
-    def refuse(self, address):  # noqa: ANN001, ANN202
+    def refuse(self, address):
         raise AssertionError(f"unit tests must not connect anywhere (tried {address!r})")
 
     monkeypatch.setattr(socket.socket, "connect", refuse)

@@ -3,7 +3,7 @@ same filters as placements."""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -32,7 +32,7 @@ class Profile:
     ("no profile: the default slice, concrete", {}, {}, None, (DEFAULT_SM_REQUEST, DEFAULT_SM_LIMIT, 1)),
     ("failed profile: the default slice", {}, {}, Profile(status="failed"), (DEFAULT_SM_REQUEST, DEFAULT_SM_LIMIT, 1)),
 ])
-def test_effective_slice(label: str, resources: dict, batching: dict, profile, expect: tuple) -> None:  # noqa: ANN001
+def test_effective_slice(label: str, resources: dict, batching: dict, profile, expect: tuple) -> None:
     spec = make_spec_dict(resources={"memory": "1Gi", **resources}, batching=batching)
     chosen = effective_slice(spec_from_dict(spec), profile)
     assert (chosen.sm_request, chosen.sm_limit, chosen.batch) == pytest.approx(expect), label
@@ -56,7 +56,7 @@ def test_unprofiled_instances_count_at_their_default_slice(policy: str, fit: int
 
 
 def test_snapshot_counts_what_rows_record() -> None:
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     rows = [InstanceRow(id=f"i{n}", function="f", function_version=1, worker_id="g", state="ready",
                         memory_bytes=GiB, sm_request=0.25, sm_limit=1.0, created_at=now, role="serve")
             for n in range(3)]

@@ -59,7 +59,7 @@ async def test_max_wait_collects_a_full_batch() -> None:
     ("wrong length", lambda xs: xs[:-1], "must return a list of 1 results"),
     ("not a list", lambda xs: "nope", "got str"),
 ])
-async def test_errors_every_input_hits_reach_every_caller(label, predict, message) -> None:  # noqa: ANN001
+async def test_errors_every_input_hits_reach_every_caller(label, predict, message) -> None:
     batcher = Batcher(predict, max_batch_size=2, max_wait_s=30.0)
     runner = asyncio.create_task(batcher.run())
     results = await asyncio.gather(batcher.submit(1), batcher.submit(2), return_exceptions=True)

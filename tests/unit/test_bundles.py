@@ -10,8 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from dilu.bundles import (MAX_MEMBERS, BundleError, check_members, digest_of, has_module, ignored, is_digest, pack,
-                          read_member, unpack)
+from dilu.bundles import (
+    MAX_MEMBERS,
+    BundleError,
+    check_members,
+    digest_of,
+    has_module,
+    ignored,
+    is_digest,
+    pack,
+    read_member,
+    unpack,
+)
 from tests.builders import compression_bomb
 
 

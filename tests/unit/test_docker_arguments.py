@@ -101,7 +101,7 @@ def test_a_wildcard_listen_address_is_never_advertised() -> None:
     assert WorkerSettings(host="0.0.0.0").effective_advertise_host not in ("0.0.0.0", "", "127.0.0.1")
 
 
-def test_each_function_gets_its_own_uid_in_containers(tmp_path) -> None:  # noqa: ANN001
+def test_each_function_gets_its_own_uid_in_containers(tmp_path) -> None:
     from worker.uids import UidRegistry
 
     users = UidRegistry(tmp_path / "uids.json", (400000, 400009), tmp_path)

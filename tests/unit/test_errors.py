@@ -12,7 +12,7 @@ from gateway.errors import KeepsConnections
 
 
 async def _run(error: Exception) -> list[dict]:
-    async def app(scope, receive, send) -> None:  # noqa: ANN001
+    async def app(scope, receive, send) -> None:
         raise error
 
     sent: list[dict] = []

@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from dilu.policy.isolation import (BatchPeriod, IsolationContext, IsolationParams, IsolationState, Occupant, decide,
-                                   floor_of, shares_while_serving, window_tokens)
+from dilu.policy.isolation import (
+    BatchPeriod,
+    IsolationContext,
+    IsolationParams,
+    IsolationState,
+    Occupant,
+    decide,
+    floor_of,
+    shares_while_serving,
+    window_tokens,
+)
 
 P = IsolationParams()
 PERIOD = 0.005
@@ -17,7 +26,7 @@ def period(used_share: float, held: bool = True, request: float = 0.5, name: str
 
 
 def run(periods: list[BatchPeriod], latency_present: bool = True, batch_factor: float = 1.0,
-        state: IsolationState | None = None):  # noqa: ANN201
+        state: IsolationState | None = None):
     """Feeds one batch instance's periods in order, as the manager does; returns the last decision."""
     state = state or IsolationState()
     decision = None

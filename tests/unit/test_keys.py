@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from dilu.addresses import is_loopback
 from dilu.keys import Need, allows, check_scopes, hash_secret, new_key, parse, secret_matches
-from gateway.origin import is_loopback
 from gateway.auth import need_for
 
 

@@ -7,8 +7,15 @@ import json
 
 import pytest
 
-from dilu.limits import (MAX_JSON_DEPTH, LimitExceeded, check_json_depth, check_yaml, json_depth,
-                         load_finite_json, reject_constant)
+from dilu.limits import (
+    MAX_JSON_DEPTH,
+    LimitExceeded,
+    check_json_depth,
+    check_yaml,
+    json_depth,
+    load_finite_json,
+    reject_constant,
+)
 from dilu.spec import SpecError, make_spec
 
 

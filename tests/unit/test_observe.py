@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from dilu.controller.observe import UNKNOWN_GRACE_S, RowView, fold
 from dilu.messages import InstanceStatus
 
-NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def status(state: str, **kw: object) -> InstanceStatus:
@@ -43,7 +43,8 @@ def test_ready_and_ended_times_are_when_the_worker_saw_them_within_the_rows_life
     assert stopped["ended_at"] == NOW - timedelta(seconds=2)      # not when this controller noticed
     # A worker's clock ahead of the controller's, or behind the row's creation: kept in between.
     assert fold(row, status("stopped", changed_at=(NOW + timedelta(seconds=5)).timestamp()), NOW)["ended_at"] == NOW
-    ready = fold(RowView("i", "starting", created), status("ready", changed_at=(created - timedelta(seconds=60)).timestamp()),
+    ready = fold(RowView("i", "starting", created), status("ready",
+                                                           changed_at=(created - timedelta(seconds=60)).timestamp()),
                  NOW)
     assert ready["ready_at"] == created
     naive = fold(RowView("i", "ready", created.replace(tzinfo=None)),

@@ -19,7 +19,7 @@ A, B, C = Endpoint("a", "http://a"), Endpoint("b", "http://b"), Endpoint("c", "h
     ("excluded skipped", [A, B], {"a": 0, "b": 5}, frozenset({"a"}), B),
     ("all excluded", [A], {}, frozenset({"a"}), None),
 ])
-def test_choose_least_outstanding(label, endpoints, outstanding, exclude, expected) -> None:  # noqa: ANN001
+def test_choose_least_outstanding(label, endpoints, outstanding, exclude, expected) -> None:
     assert choose_least_outstanding(endpoints, outstanding, exclude) == expected, label
 
 

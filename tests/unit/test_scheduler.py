@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 
 from dilu.policy.scheduler import ClusterSnapshot, Device, PlacementRequest, create_scheduler
-from dilu.policy.scheduler.plugins import active, affinity, best_fit, complementary, compute_cap, device_kind
-from dilu.policy.scheduler.plugins import exclusive, memory_fit, priority_pair
+from dilu.policy.scheduler.plugins import (
+    active,
+    affinity,
+    best_fit,
+    complementary,
+    compute_cap,
+    device_kind,
+    exclusive,
+    memory_fit,
+    priority_pair,
+)
 from dilu.policy.scheduler.registry import build
 
 GiB = 2**30

@@ -109,7 +109,7 @@ def test_the_simulator_runs_the_controllers_own_policies(monkeypatch: pytest.Mon
     # And it calls them: every share decision of a Dilu run goes through the live allocate.
     calls = []
 
-    def counted(ctx, state):  # noqa: ANN001, ANN202
+    def counted(ctx, state):
         calls.append(ctx.now)
         return vertical.allocate(ctx, state)
 
@@ -118,7 +118,7 @@ def test_the_simulator_runs_the_controllers_own_policies(monkeypatch: pytest.Mon
                          gpus_per_node=1, trainings=1, cold_start_s=0.0, duration_s=5)
     plans = []
 
-    def planned(*args):  # noqa: ANN002, ANN202
+    def planned(*args):
         plans.append(args[0].now)
         return autoscale.plan(*args)
 
@@ -147,7 +147,7 @@ def test_traces_and_workloads() -> None:
         parse_policies("dilu,magic")
 
 
-def test_a_bad_workload_line_is_named(tmp_path) -> None:  # noqa: ANN001
+def test_a_bad_workload_line_is_named(tmp_path) -> None:
     bad = tmp_path / "w.txt"
     bad.write_text("{'Time': '2024-06-19 15:46:09', 'Action': 'start', 'Instance': {}}\n")
     with pytest.raises(WorkloadError, match="line 1"):

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from dilu.instance_protocol import ERROR_MARKER, EXIT_LOAD_FAILED
 from dilu.state.base import merge_activity
 from worker.agent import describe_exit, read_log_tail
-from dilu.instance_protocol import ERROR_MARKER, EXIT_LOAD_FAILED
 
 
 def test_merge_activity_sums_gateways_and_keeps_latest_request() -> None:
@@ -67,10 +67,10 @@ def test_profiling_samples_fall_back_to_the_warmup_request(tmp_path: Path) -> No
 def test_the_controller_wakes_when_a_workflows_expectation_ends() -> None:
     from dilu.controller.reconciler import wake_in_s
     from dilu.messages import FunctionActivity
-
     from dilu.workflows.hints import WorkflowHint
 
-    activity = {"a": FunctionActivity(workflow=WorkflowHint(100.3)), "b": FunctionActivity(workflow=WorkflowHint(100.8)),
+    activity = {"a": FunctionActivity(workflow=WorkflowHint(100.3)),
+                "b": FunctionActivity(workflow=WorkflowHint(100.8)),
                 "c": FunctionActivity(workflow=WorkflowHint(99.0)), "d": FunctionActivity()}
     assert wake_in_s(activity, now=100.0, interval_s=0.5) == pytest.approx(0.31)   # a's ends first
     assert wake_in_s({"c": activity["c"], "d": activity["d"]}, now=100.0, interval_s=0.5) == 0.5

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
-from dilu.snapshot import build_snapshot
 from dilu.db.models import FunctionRow, InstanceRow
+from dilu.snapshot import build_snapshot
 from tests.builders import make_spec_dict, make_worker
 
-NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def row(instance: str, function: str, worker: str, state: str = "ready", sm: float = 0.2) -> InstanceRow:

@@ -26,7 +26,7 @@ class Clock:
         self.shares: dict[str, float] = {}
         self.events: list[str] = []
 
-    def run(self, periods: int, active: Iterable[str] = ()) -> "Clock":
+    def run(self, periods: int, active: Iterable[str] = ()) -> Clock:
         active = frozenset(active)
         for _ in range(periods):
             self.now += P.period_s
@@ -34,7 +34,7 @@ class Clock:
             self.events += self.state.events
         return self
 
-    def cycle(self, length: int, gap: int = 10, also: Iterable[str] = ()) -> "Clock":
+    def cycle(self, length: int, gap: int = 10, also: Iterable[str] = ()) -> Clock:
         """One latency burst of ``length`` active periods, then ``gap`` idle ones."""
         return self.run(length, {"lat", "llm", *also}).run(gap, set(also))
 

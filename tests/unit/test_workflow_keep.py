@@ -5,8 +5,15 @@ from __future__ import annotations
 import pytest
 
 from dilu.workflows.hints import WorkflowHint
-from dilu.workflows.keep import (decide, decided_ahead_s, exposed_cold_s, idle_loaded_s, release_hint_s,
-                                 release_mid_request, window_s)
+from dilu.workflows.keep import (
+    decide,
+    decided_ahead_s,
+    exposed_cold_s,
+    idle_loaded_s,
+    release_hint_s,
+    release_mid_request,
+    window_s,
+)
 from dilu.workflows.plan import NodeEstimate
 from dilu.workflows.spec import make_workflow
 from tests.unit.test_workflow_plan import SPEC, estimates

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from dilu.workflows.spec import WorkflowError, check_functions, make_workflow, workflow_from_dict, workflow_to_dict
 from dilu.workflows.run import WorkflowFailed, run_workflow
+from dilu.workflows.spec import WorkflowError, check_functions, make_workflow, workflow_from_dict, workflow_to_dict
 
 pytestmark = pytest.mark.unit
 
@@ -57,7 +57,7 @@ def test_functions_must_be_deployed_and_the_stored_form_round_trips() -> None:
     assert again == spec and spec.order()[0] == "detect" and spec.order()[-1] == "translate"
 
 
-def fake(outputs: dict, delays: dict | None = None, statuses: dict | None = None, seen: list | None = None):  # noqa: ANN201
+def fake(outputs: dict, delays: dict | None = None, statuses: dict | None = None, seen: list | None = None):
     async def call(function: str, body: bytes) -> tuple[int, bytes]:
         if seen is not None:
             seen.append((function, json.loads(body)))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any, Protocol
 
 from dilu.messages import DeviceInfo, StartInstance

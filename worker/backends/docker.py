@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from dilu import instance_protocol as protocol
+from dilu.config import WorkerSettings
 from dilu.instance_protocol import InstanceConfig
 from dilu.messages import DeviceInfo, StartInstance
 from worker.backends.base import RunningInstance, endpoint_url
@@ -120,7 +121,7 @@ class DockerBackend:
         self._releasing: list[threading.Thread] = []
 
     @classmethod
-    def from_settings(cls, settings) -> "DockerBackend":  # noqa: ANN001
+    def from_settings(cls, settings: WorkerSettings) -> DockerBackend:
         import docker
 
         try:
@@ -159,7 +160,7 @@ class DockerBackend:
                             LABEL_START: json.dumps(request.to_dict(), separators=(",", ":"))}
         try:
             container = await asyncio.to_thread(self._run, kwargs)
-        except Exception as exc:  # the SDK raises several types; all mean "could not start"
+        except Exception as exc:  # noqa: BLE001 - the SDK raises several types; all mean "could not start"
             raise RuntimeError(f"cannot start the instance's container: {_short(exc)}") from None
         self._containers[request.instance_id] = container
         self._log_paths[request.instance_id] = log_path
@@ -320,7 +321,7 @@ class DockerBackend:
         quota = cfs_quota(share, self._cores)
         try:
             container.update(cpu_period=PERIOD_US, cpu_quota=-1 if quota is None else quota)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - any engine failure: the quota stays, said in the log
             log.warning("cannot set the CPU quota of %s: %s", container.name, _short(exc))
             return False
         return True
@@ -341,7 +342,7 @@ def _short(exc: BaseException) -> str:
     return text[0][:400] if text else type(exc).__name__
 
 
-def _quietly(call, **kwargs) -> None:  # noqa: ANN001
+def _quietly(call: Callable[..., object], **kwargs: Any) -> None:
     try:
         call(**kwargs)
     except Exception as exc:  # noqa: BLE001 - best effort clean-up

@@ -32,18 +32,17 @@ from pathlib import Path
 from dilu import instance_protocol as protocol
 from dilu.instance_protocol import InstanceConfig
 from dilu.messages import DeviceInfo, StartInstance
-from worker.cgroups import CpuLimiter, join_group, join_group_of
 from worker.backends.base import RunningInstance, endpoint_url, inheritable_listener, signal_group
 from worker.backends.heap import keeping_freed_memory
-from worker.backends.spares import (Spare, SpareLaunch, SparePool, exec_time, pool_key,
-                                    preload_env)
-from worker.pool import PoolSizer
 from worker.backends.instance_env import allowed_env
+from worker.backends.spares import Spare, SpareLaunch, SparePool, exec_time, pool_key, preload_env
+from worker.cgroups import CpuLimiter, join_group, join_group_of
+from worker.pool import PoolSizer
 from worker.sandbox import InstanceUser, Sandboxes, become, die_with_parent
 from worker.uids import UidRegistry
 
 
-def _child_setup(procs_file: str | None, user: InstanceUser | None):  # noqa: ANN202
+def _child_setup(procs_file: str | None, user: InstanceUser | None) -> Callable[[], None]:
     def setup() -> None:
         join_group(procs_file)      # while still privileged enough to write the cgroup
         if user is not None:

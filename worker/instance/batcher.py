@@ -89,7 +89,7 @@ class Batcher:
         started = time.perf_counter()
         try:
             outputs = await self._call(loop, inputs)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the handler's failure, whatever it is, is the request's answer
             if len(batch) == 1:
                 self._settle(batch[0][1], exc)
                 return
@@ -100,7 +100,7 @@ class Batcher:
             await self._run_batch(loop, batch[half:])
             return
         compute = time.perf_counter() - started
-        for (_, future, submitted), output in zip(batch, outputs):
+        for (_, future, submitted), output in zip(batch, outputs, strict=True):
             if isinstance(output, InputError):
                 self._settle(future, output)
             elif not future.done():

@@ -24,7 +24,11 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractAsyncContextManager
+from types import FrameType
+from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -37,6 +41,10 @@ from worker.instance.batcher import Batcher, BatchError
 from worker.instance.gpu_requests import RequestSignal
 from worker.instance.loader import HandlerError, build_handler
 from worker.instance.metrics import InstanceMetrics
+
+if TYPE_CHECKING:   # imported lazily at run time: spares preload it
+    import uvicorn
+
 
 class RuntimeState:
     def __init__(self, config: InstanceConfig, device: str = "cpu") -> None:
@@ -53,7 +61,8 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
-def create_app(state: RuntimeState, lifespan=None, prefix: str = "") -> Starlette:  # noqa: ANN001
+def create_app(state: RuntimeState, lifespan: Callable[[Starlette], AbstractAsyncContextManager[None]] | None = None,
+               prefix: str = "") -> Starlette:
     async def infer(request: Request) -> Response:
         if not state.ready.is_set() or state.batcher is None:
             return JSONResponse({"error": "instance is still loading", "loading": True}, status_code=503,
@@ -133,7 +142,7 @@ async def _load_then_serve_batches(state: RuntimeState) -> None:
         traceback.print_exc()
         _fail(str(exc))
         return
-    except BaseException as exc:  # anything else during import/load is still the handler's fault
+    except BaseException as exc:  # noqa: BLE001 - anything else during import/load is still the handler's fault
         traceback.print_exc()
         _fail(f"{type(exc).__name__}: {exc}")
         return
@@ -146,7 +155,7 @@ async def _load_then_serve_batches(state: RuntimeState) -> None:
     await state.batcher.run()
 
 
-def _uvicorn_config(app):  # noqa: ANN001, ANN202
+def _uvicorn_config(app: Starlette) -> uvicorn.Config:
     import uvicorn
 
     # No websockets (instances speak plain HTTP): uvicorn would otherwise import a websocket
@@ -183,7 +192,7 @@ def serve(config: InstanceConfig, listener: socket.socket, assigned_at: float | 
     state.marks.update(process_start=started, runtime_imported=assigned_at or time.time())
 
     @contextlib.asynccontextmanager
-    async def lifespan(_app: Starlette):  # noqa: ANN202
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
         task = asyncio.create_task(_load_then_serve_batches(state))
         try:
             yield
@@ -233,7 +242,7 @@ def _skip_teardown_finalizers() -> None:
             finalizer.atexit = False
 
 
-def _prompt_server(config):  # noqa: ANN001, ANN202 - uvicorn is imported lazily (spares preload it)
+def _prompt_server(config: uvicorn.Config) -> uvicorn.Server:  # uvicorn is imported lazily (spares preload it)
     import uvicorn
 
     class PromptServer(uvicorn.Server):
@@ -241,7 +250,7 @@ def _prompt_server(config):  # noqa: ANN001, ANN202 - uvicorn is imported lazily
         progress, uvicorn drains them first (its shutdown otherwise takes 0.1-0.2 s of ticks
         even when there is nothing to drain)."""
 
-        def handle_exit(self, sig: int, frame) -> None:  # noqa: ANN001
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             if not self.server_state.tasks:
                 exit_now()
             super().handle_exit(sig, frame)

@@ -27,14 +27,16 @@ def main() -> None:
                         help="device time a batch instance may have queued beside latency work")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = parser.parse_args()
-    logging.basicConfig(level=getattr(logging, args.log_level), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=getattr(logging, args.log_level),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         os.nice(-10)       # ahead of ordinary work on the host, when allowed (root)
     except OSError:
         pass
     device_time = open_device_time(args.gpu) if args.measure else None
     manager = TokenManager(gpu_uuid=args.gpu, socket_path=Path(args.socket), capacity_per_s=args.capacity,
-                           device_time=device_time, isolation=None if args.no_isolation else IsolationParams(window_s=args.window_us / 1e6))
+                           device_time=device_time,
+                           isolation=None if args.no_isolation else IsolationParams(window_s=args.window_us / 1e6))
     manager.realtime = True
     gc.collect()
     gc.freeze()            # what is imported stays out of every later collection: they stay short

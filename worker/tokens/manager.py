@@ -252,8 +252,9 @@ class TokenManager:
                 slot = slots[instance.slot]
                 # Idle instances bank at most one period of tokens; debts carry over, but for
                 # latency work served under isolation (its launches never wait for tokens).
+                latency = self._slice_of(instance.instance_id).cls == "latency"
                 rebase(slot, now_ns, rate, int(rate * self.params.period_s),
-                       forgive_debt=self.isolation is not None and self._slice_of(instance.instance_id).cls == "latency")
+                       forgive_debt=self.isolation is not None and latency)
             self._publish_release_rules()
             self.periods += 1
         self._region.refilled(time.monotonic_ns())

@@ -81,7 +81,7 @@ class ClusterSnapshot:
     devices_of: dict[str, frozenset[int]] = field(repr=False, default=None)
 
     @classmethod
-    def of(cls, devices: Sequence[Device]) -> "ClusterSnapshot":
+    def of(cls, devices: Sequence[Device]) -> ClusterSnapshot:
         devices = tuple(devices)
         node_ids: dict[str, int] = {}
         devices_of: dict[str, set[int]] = {}
@@ -107,7 +107,7 @@ class ClusterSnapshot:
     def index(self, device_id: str) -> int:
         return next(i for i, d in enumerate(self.devices) if d.id == device_id)
 
-    def with_placement(self, indices: Sequence[int], request: PlacementRequest) -> "ClusterSnapshot":
+    def with_placement(self, indices: Sequence[int], request: PlacementRequest) -> ClusterSnapshot:
         """The snapshot after ``request`` lands on ``indices`` (for the next decision in a cycle).
         Only the touched entries change; the arrays are copied, never shared."""
         devices = list(self.devices)
@@ -131,11 +131,11 @@ class ClusterSnapshot:
         devices_of[request.function] = devices_of.get(request.function, frozenset()) | frozenset(indices)
         return replace(self, devices=tuple(devices), devices_of=devices_of, **arrays)
 
-    def with_single_device(self, device_index: int) -> "ClusterSnapshot":
+    def with_single_device(self, device_index: int) -> ClusterSnapshot:
         """A snapshot of one device (filters then answer for it alone)."""
         return ClusterSnapshot.of([self.devices[device_index]])
 
-    def without(self, device_index: int, request: PlacementRequest) -> "ClusterSnapshot":
+    def without(self, device_index: int, request: PlacementRequest) -> ClusterSnapshot:
         """The snapshot after ``request``'s instance on ``device_index`` is gone."""
         d = self.devices[device_index]
         devices = list(self.devices)

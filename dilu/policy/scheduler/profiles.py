@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from dilu.policy.scheduler.framework import Scheduler
 from dilu.policy.scheduler.registry import build
 
 
-class Policy(str, Enum):
+class Policy(StrEnum):
     DILU = "dilu"
     EXCLUSIVE = "exclusive"        # whole GPUs
     STATIC_LIMITS = "static-limits"  # fixed slices sized by the limit (limits add up to <= 1)

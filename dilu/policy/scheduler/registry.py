@@ -5,8 +5,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from dilu.policy.scheduler.plugins import active, affinity, best_fit, complementary, compute_cap, device_kind
-from dilu.policy.scheduler.plugins import exclusive, memory_fit, priority_pair
+from dilu.policy.scheduler.plugins import (
+    active,
+    affinity,
+    best_fit,
+    complementary,
+    compute_cap,
+    device_kind,
+    exclusive,
+    memory_fit,
+    priority_pair,
+)
 
 Factory = Callable[[dict[str, Any]], Any]
 

@@ -43,11 +43,12 @@ class Detector(Handler):
             features = self.body(torch.stack(ok)) if ok else None
             scores = torch.sigmoid(self.head(features)) if ok else None
         k = 0
-        for item, frame in zip(inputs, frames):
+        for item, frame in zip(inputs, frames, strict=True):
             if frame is None:
                 results.append(InputError(f"frame must be 3 x {SIZE} x {SIZE} numbers"))
                 continue
-            objects = [{"label": label, "score": round(float(s), 4)} for label, s in zip(LABELS, scores[k])]
+            objects = [{"label": label, "score": round(float(s), 4)} for label, s in zip(LABELS, scores[k],
+                                                                                         strict=True)]
             results.append({"objects": objects, "features": [round(float(v), 5) for v in features[k]],
                             "language": str(item.get("language", "en"))})
             k += 1

@@ -19,4 +19,4 @@ class Faces(Handler):
             probabilities = torch.softmax(self.model(x), dim=1)
         best = probabilities.max(dim=1)
         return [{"identity": f"id-{int(i)}", "confidence": round(float(c), 4), "language": item["language"]}
-                for item, i, c in zip(inputs, best.indices, best.values)]
+                for item, i, c in zip(inputs, best.indices, best.values, strict=True)]

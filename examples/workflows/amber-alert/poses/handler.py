@@ -23,4 +23,4 @@ class Poses(Handler):
             posture = self.posture(points).argmax(dim=1)
         return [{"keypoints": [[round(float(a), 4), round(float(b), 4)] for a, b in p.reshape(17, 2)],
                  "posture": POSTURES[int(k)], "language": item["language"]}
-                for item, p, k in zip(inputs, points, posture)]
+                for item, p, k in zip(inputs, points, posture, strict=True)]

@@ -26,5 +26,5 @@ class Ranker(Handler):
             with torch.inference_mode():
                 scores = torch.softmax(self.model(x), dim=0)
             results.append({"scene": SCENES[int(scores.argmax())],
-                            "scores": {s: round(float(p), 4) for s, p in zip(SCENES, scores)}})
+                            "scores": {s: round(float(p), 4) for s, p in zip(SCENES, scores, strict=True)}})
         return results

@@ -8,16 +8,17 @@ import logging
 import signal
 import sys
 import time
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
-from dilu.cli.client import CliError, GatewayClient
-from dilu.cli.common import call, client, err, fail, json_input, out, read_file, styled
-from dilu.cli.simulate import simulate
-from dilu.cli.workflow import workflow_app
+from cli.client import CliError, GatewayClient
+from cli.common import call, client, err, fail, json_input, out, read_file, styled
+from cli.simulate import simulate
+from cli.workflow import workflow_app
 from dilu.config import AllInOneSettings, CliSettings, ControllerSettings, GatewaySettings, WorkerSettings
 
 app = typer.Typer(help="Dilu: serverless deep-learning functions on GPUs.", no_args_is_help=True,
@@ -31,9 +32,9 @@ app.add_typer(workflow_app, name="workflow")
 _client, _fail = client, fail
 
 
-def _run(coroutine) -> None:  # noqa: ANN001
+def _run(coroutine: Coroutine[Any, Any, None]) -> None:
     """Runs a role on uvloop when it is installed (it comes with uvicorn[standard])."""
-    from dilu.roles import StartupError
+    from cli.roles.serving import StartupError
 
     try:
         import uvloop
@@ -69,7 +70,7 @@ def up(
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Run gateway, controller and workers in one process (SQLite + in-process state by default)."""
-    from dilu.roles import run_all_in_one
+    from cli.roles.all_in_one import run_all_in_one
 
     _setup_logging(verbose)
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
@@ -89,9 +90,13 @@ def _say_grpc(address: str | None) -> None:
         out.print(f"Inference protocol (v2) over gRPC at {address}; over HTTP under /v2", highlight=False)
 
 
-def _deploy_examples(url: str, api_key: str | None) -> None:
-    from dilu.roles import examples_dir
+def examples_dir() -> Path | None:
+    """The repository's examples folder (present in a clone or an editable install)."""
+    candidate = Path(__file__).resolve().parent.parent / "examples"
+    return candidate if candidate.is_dir() else None
 
+
+def _deploy_examples(url: str, api_key: str | None) -> None:
     folder = examples_dir()
     if folder is None:
         err.print("no examples folder found; --demo needs a clone of the repository")
@@ -110,7 +115,7 @@ def _deploy_examples(url: str, api_key: str | None) -> None:
 @app.command()
 def gateway(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:
     """Run the gateway alone (needs DILU_DATABASE_URL and DILU_REDIS_URL shared with the others)."""
-    from dilu.roles import run_gateway
+    from cli.roles.gateway import run_gateway
 
     _setup_logging(verbose)
     settings = GatewaySettings()
@@ -125,7 +130,7 @@ def gateway(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -
 @app.command()
 def controller(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:
     """Run the controller alone."""
-    from dilu.roles import run_controller
+    from cli.roles.controller import run_controller
 
     _setup_logging(verbose)
     try:
@@ -137,7 +142,7 @@ def controller(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False
 @app.command()
 def worker(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:
     """Run a worker agent for each device of this host (API on DILU_PORT, DILU_PORT+1, ...)."""
-    from dilu.roles import run_worker
+    from cli.roles.worker import run_worker
 
     _setup_logging(verbose)
 
@@ -150,10 +155,10 @@ def worker(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) ->
 @app.command()
 def migrate() -> None:
     """Create or upgrade the database schema (the prestart step of a multi-role deployment)."""
+    from sqlalchemy.exc import OperationalError
+
     from dilu.config import CommonSettings
     from dilu.db.engine import migrate as run_migrations
-
-    from sqlalchemy.exc import OperationalError
 
     url = CommonSettings().effective_database_url
     try:
@@ -298,7 +303,10 @@ def describe(name: str) -> None:
     for i in instances:
         view = i.get("telemetry") or {}
         slice_text = f"{i['sm_request']:g}/{i['sm_limit']:g}" if i.get("sm_limit") is not None else "-"
-        number = lambda key, fmt: format(view[key], fmt) if view.get(key) is not None else "-"  # noqa: E731
+
+        def number(key: str, fmt: str, view: dict = view) -> str:
+            return format(view[key], fmt) if view.get(key) is not None else "-"
+
         table.add_row(i["id"], i["worker_id"], str(i["version"]), i["state"], i["endpoint"] or "-", slice_text,
                       number("granted_share", ".2f"), number("used_share", ".2f"),
                       f"{view['klc_ms']:g} ms" if view.get("klc_ms") is not None else "-",
@@ -440,8 +448,9 @@ def status() -> None:
     table = Table("WORKER", "STATE", "DEVICE", "MEMORY", "INSTANCES", "RUNTIME POOL")
     for w in info["workers"]:
         pool = w.get("runtime_pool")
-        pool_text = "-" if not pool else (f"{pool['spares']} ready (target {pool['target']}, {pool['min']}-{pool['max']})"
-                                          + (f", {'+'.join(pool['preloaded'])} imported" if pool["preloaded"] else ""))
+        pool_text = "-" if not pool else (
+            f"{pool['spares']} ready (target {pool['target']}, {pool['min']}-{pool['max']})"
+            + (f", {'+'.join(pool['preloaded'])} imported" if pool["preloaded"] else ""))
         table.add_row(w["id"], w["state"], f"{w['device']} ({w['device_name']})",
                       f"{w['memory_bytes'] / 2**30:.1f} GiB", str(w["instances"]), pool_text)
     out.print(table)
@@ -450,7 +459,8 @@ def status() -> None:
         if manager:
             jitter = manager.get("jitter_ms") or {}
             out.print(f"token manager of {w['id']} (its own {manager.get('runs_in', '?')}): periods began late by "
-                      f"p50 {jitter.get('p50', 0):.2f} / p99 {jitter.get('p99', 0):.2f} / max {jitter.get('max', 0):.2f} ms"
+                      f"p50 {jitter.get('p50', 0):.2f} / p99 {jitter.get('p99', 0):.2f} / "
+                      f"max {jitter.get('max', 0):.2f} ms"
                       f" lately; gaps past the shims' limit (gates opened): {manager.get('stale_gaps', 0)}",
                       highlight=False)
     by_status = ", ".join(f"{k}: {v}" for k, v in info["functions"]["by_status"].items()) or "none"

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from dilu.cli.common import call, err, json_input, out, read_file, styled
+from cli.common import call, err, json_input, out, read_file, styled
 
 workflow_app = typer.Typer(help="Workflows: DAGs of deployed functions.", no_args_is_help=True)
 

@@ -9,12 +9,12 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from dilu.cli.common import err, out
-
+from cli.common import err, out
 
 
 def simulate(
-    workload: Annotated[str, typer.Option(help="Instance workload: instances-{100,...,3200} or a file")] = "instances-3200",
+    workload: Annotated[str,
+                        typer.Option(help="Instance workload: instances-{100,...,3200} or a file")] = "instances-3200",
     trace: Annotated[str, typer.Option(help="Request arrivals: azure-code, azure-conv, bursty, periodic, sporadic, "
                                             "poisson:RATE, gamma:RATE:CV, or a file")] = "bursty",
     policy: Annotated[str, typer.Option(help="Comma-separated policies, or all")] = "all",
@@ -36,12 +36,13 @@ def simulate(
     seed: Annotated[int, typer.Option()] = 0,
 ) -> None:
     """Compare Dilu with the baselines on a trace-driven simulated fleet, using the live policy code."""
+    from dilu.sim.placement import peak_bound
     from dilu.sim.policies import parse_policies
     from dilu.sim.report import format_table, run_all, write
     from dilu.sim.serving import ServingSetup
     from dilu.sim.traces import TraceError, load_trace
-    from dilu.sim.placement import peak_bound
-    from dilu.sim.workload import WorkloadError, load_workload, replicate as replicated
+    from dilu.sim.workload import WorkloadError, load_workload
+    from dilu.sim.workload import replicate as replicated
 
     try:
         names = parse_policies(policy)
@@ -71,7 +72,8 @@ def simulate(
                                   "by_memory": bound.by_memory, "by_compute": bound.by_compute}
     table = write(runs, out_dir, price, context)
     rows = format_table(table)
-    shown = Table(*rows[0], title=f"{workload} on {nodes} x {gpus_per_node} GPUs; serving: {trace} on {serving_gpus} GPUs")
+    shown = Table(*rows[0],
+                  title=f"{workload} on {nodes} x {gpus_per_node} GPUs; serving: {trace} on {serving_gpus} GPUs")
     for row in rows[1:]:
         shown.add_row(*row)
     out.print(shown)

@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from dilu.cli.client import CliError, GatewayClient
+from cli.client import CliError, GatewayClient
 from dilu.config import CliSettings
 
 # Plain text: what functions produce (errors, reasons, logs) is never read as rich markup, so

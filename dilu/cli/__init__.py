@@ -1,1 +1,0 @@
-"""The `dilu` command line."""
