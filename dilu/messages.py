@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any, Self
 
+from dilu.slices import DEFAULT_SLICE, ComputeSlice
 from dilu.workflows.hints import WorkflowHint
 
 # Instance states as the worker observes them.
@@ -79,9 +80,22 @@ class StartInstance(_Wire):
     spec: dict[str, Any]
     source_dir: str
     memory_bytes: int
-    sm_request: float | None = None
-    sm_limit: float | None = None
+    compute: ComputeSlice = DEFAULT_SLICE
     bundle: str | None = None   # "sha256:<hex>" of the uploaded code; else ``source_dir`` or the spec's image
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["compute"] = self.compute.to_wire()
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StartInstance:
+        data = dict(data)
+        # An order recorded by an earlier release (an adopted instance) names the two shares alone.
+        wire = data.pop("compute", None) or {"sm_request": data.pop("sm_request", None) or DEFAULT_SLICE.request,
+                                              "sm_limit": data.pop("sm_limit", None) or DEFAULT_SLICE.limit}
+        data.pop("sm_request", None), data.pop("sm_limit", None)
+        return cls(**data, compute=ComputeSlice(float(wire["sm_request"]), float(wire["sm_limit"])))
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from dilu.db.models import FunctionRow, InstanceRow
 from dilu.messages import ACTIVE_STATES, InstanceRole, WorkerInfo
 from dilu.policy.scheduler import ClusterSnapshot, Device, PlacementRequest, Scheduler
 from dilu.policy.scheduler.resize import Resize, ResizeVerdict, admit_resize
+from dilu.slices import ComputeSlice
 
 
 def build_snapshot(workers: Sequence[WorkerInfo], instances: Iterable[InstanceRow],
@@ -33,13 +34,12 @@ def build_snapshot(workers: Sequence[WorkerInfo], instances: Iterable[InstanceRo
 
 
 def check_resize(scheduler: Scheduler, workers: Sequence[WorkerInfo], instances: Sequence[InstanceRow],
-                 functions: Sequence[FunctionRow], function: FunctionRow, sm_request: float,
-                 sm_limit: float) -> ResizeVerdict:
+                 functions: Sequence[FunctionRow], function: FunctionRow, compute: ComputeSlice) -> ResizeVerdict:
     """Whether ``function``'s active serving instances may all take the new slice where they are."""
     spec = function.typed_spec
     mine = [r for r in instances
             if r.function == function.name and r.role == InstanceRole.SERVE and r.state in ACTIVE_STATES]
     resizes = [Resize(r.worker_id, PlacementRequest(function.name, r.memory_bytes, r.sm_request or 0.0,
                                                     r.sm_limit or 0.0, spec.function_class,
-                                                    spec.resources.gpu), sm_request, sm_limit) for r in mine]
+                                                    spec.resources.gpu), compute.request, compute.limit) for r in mine]
     return admit_resize(scheduler, build_snapshot(workers, instances, functions), resizes)

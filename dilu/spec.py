@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dilu.limits import LimitExceeded, check_yaml
+from dilu.slices import MAX_SHARE, MIN_SHARE, ComputeSlice
 
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 HANDLER_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
@@ -54,8 +55,9 @@ class Resources(_Strict):
     memory: int = Field(2 * 2**30, description="Memory slice in bytes; accepts 512Mi, 2Gi, ...")
     gpu: bool | Literal["auto"] = Field(
         "auto", description="true: needs a GPU; false: CPU only; auto: a GPU when one is free")
-    sm_request: float | None = Field(None, ge=0.01, le=1, description="Pinned guaranteed compute share (0.01-1)")
-    sm_limit: float | None = Field(None, ge=0.01, le=1, description="Pinned burst compute share (0.01-1)")
+    sm_request: float | None = Field(None, ge=MIN_SHARE, le=MAX_SHARE,
+                                     description="Pinned guaranteed compute share (0.01-1)")
+    sm_limit: float | None = Field(None, ge=MIN_SHARE, le=MAX_SHARE, description="Pinned burst compute share (0.01-1)")
 
     @field_validator("memory", mode="before")
     @classmethod
@@ -64,8 +66,8 @@ class Resources(_Strict):
 
     @model_validator(mode="after")
     def _request_within_limit(self) -> Resources:
-        if self.sm_request is not None and self.sm_limit is not None and self.sm_request > self.sm_limit:
-            raise ValueError("sm_request must be <= sm_limit")
+        if self.sm_request is not None and self.sm_limit is not None:
+            ComputeSlice.checked(self.sm_request, self.sm_limit)    # SliceError is a ValueError
         return self
 
 

@@ -8,6 +8,7 @@ import httpx
 
 from dilu.failures import describe
 from dilu.messages import InstanceStatus, StartInstance
+from dilu.slices import ComputeSlice
 
 # Calls a healthy worker answers in milliseconds (lists, slices): a hung one must not hold callers.
 QUICK_CALL_S = 2.0
@@ -30,7 +31,7 @@ class WorkerClient(Protocol):
     async def read_logs(self, instance_id: str, tail: int = 200) -> str:
         """The last ``tail`` lines of the instance's log ('' if none)."""
 
-    async def set_slice(self, instance_id: str, sm_request: float, sm_limit: float) -> bool:
+    async def set_slice(self, instance_id: str, compute: ComputeSlice) -> bool:
         """Resizes a running GPU instance's compute slice; False if it is not running there."""
 
     async def info(self) -> dict:
@@ -55,8 +56,8 @@ class InProcessWorkerClient:
     async def read_logs(self, instance_id: str, tail: int = 200) -> str:
         return await self._agent.read_logs(instance_id, tail)
 
-    async def set_slice(self, instance_id: str, sm_request: float, sm_limit: float) -> bool:
-        return await self._agent.set_slice(instance_id, sm_request, sm_limit)
+    async def set_slice(self, instance_id: str, compute: ComputeSlice) -> bool:
+        return await self._agent.set_slice(instance_id, compute)
 
     async def info(self) -> dict:
         return self._agent.describe()
@@ -99,9 +100,9 @@ class HttpWorkerClient:
         response = await self._call("GET", f"/v1/instances/{instance_id}/logs", params={"tail": tail})
         return response.text
 
-    async def set_slice(self, instance_id: str, sm_request: float, sm_limit: float) -> bool:
+    async def set_slice(self, instance_id: str, compute: ComputeSlice) -> bool:
         response = await self._call("PUT", f"/v1/instances/{instance_id}/slice",
-                                    json={"sm_request": sm_request, "sm_limit": sm_limit}, timeout=QUICK_CALL_S)
+                                    json=compute.to_wire(), timeout=QUICK_CALL_S)
         return bool(response.json()["applied"])
 
 

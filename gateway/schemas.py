@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from dilu.slices import MAX_SHARE, MIN_SHARE, ComputeSlice
+
 
 class DeployRequest(BaseModel):
     """Either the YAML text (preferred: errors carry line numbers) or the decoded spec."""
@@ -24,14 +26,17 @@ class SliceUpdate(BaseModel):
 
     model_config = ConfigDict(allow_inf_nan=False)
 
-    sm_request: float = Field(..., ge=0.01, le=1, description="Guaranteed compute share; at most sm_limit")
-    sm_limit: float = Field(..., ge=0.01, le=1, description="Burst compute share")
+    sm_request: float = Field(..., ge=MIN_SHARE, le=MAX_SHARE, description="Guaranteed compute share; at most sm_limit")
+    sm_limit: float = Field(..., ge=MIN_SHARE, le=MAX_SHARE, description="Burst compute share")
 
     @model_validator(mode="after")
     def _request_within_limit(self) -> SliceUpdate:
-        if self.sm_request > self.sm_limit:
-            raise ValueError("sm_request must be <= sm_limit")
+        ComputeSlice.checked(self.sm_request, self.sm_limit)    # SliceError is a ValueError
         return self
+
+    @property
+    def compute(self) -> ComputeSlice:
+        return ComputeSlice(self.sm_request, self.sm_limit)
 
 
 class InstancePublic(BaseModel):

@@ -20,7 +20,7 @@ from dilu.failures import FailureLog
 from dilu.instance_protocol import ERROR_MARKER, EXIT_LOAD_FAILED
 from dilu.loading import stages_from_marks
 from dilu.messages import FAILED, READY, STARTING, STOPPED, STOPPING, InstanceStatus, StartInstance, WorkerInfo
-from dilu.slices import default_slice
+from dilu.slices import ComputeSlice
 from dilu.state.base import Channel, StateStore
 from worker.backends.base import RunningInstance, RuntimeBackend
 
@@ -46,7 +46,7 @@ class _Instance:
     startup: dict[str, float] | None = None   # seconds per loading stage (dilu.loading), once ready
     ended_at: float | None = None
     state_since: float = field(default_factory=time.time)   # wall clock: when the worker saw the state begin
-    slice: tuple[float, float] = (0.0, 1.0)   # (request, limit) that applies once the instance is ready
+    slice: ComputeSlice = ComputeSlice(0.0, 1.0)   # what applies once the instance is ready
     progress: tuple[float, float] | None = None   # (units, at) last read from a batch-class instance
     progress_per_s: float | None = None
 
@@ -121,7 +121,7 @@ class WorkerAgent:
         known = self._instances.get(request.instance_id)
         if known is not None:
             return known.status()
-        record = _Instance(request=request, running=None, slice=default_slice(request.sm_request, request.sm_limit))
+        record = _Instance(request=request, running=None, slice=request.compute)
         self._instances[request.instance_id] = record
         try:
             if request.bundle:
@@ -131,7 +131,7 @@ class WorkerAgent:
             if self._gpu is not None:
                 extra_env = self._gpu.admit(request)
                 # Loading (imports, weights, warm-up) runs unthrottled: the slice applies once ready.
-                self._gpu.set_slice(request.instance_id, record.cls, record.slice[0], 1.0)
+                self._gpu.set_slice(request.instance_id, record.cls, ComputeSlice(record.slice.request, 1.0))
             record.running = await self._backend.start(request, self.info.device,
                                                        self.log_path(request.instance_id), extra_env,
                                                        owner=self.info.id)
@@ -161,7 +161,7 @@ class WorkerAgent:
             return 0
         for request, running in adopted:
             record = _Instance(request=request, running=running, was_ready=True,
-                               slice=default_slice(request.sm_request, request.sm_limit))
+                               slice=request.compute)
             self._instances[request.instance_id] = record
             if self._gpu is not None:
                 self._gpu.admit(request)   # the shim re-registers with the new token manager
@@ -191,7 +191,7 @@ class WorkerAgent:
     async def list_instances(self) -> list[InstanceStatus]:
         return [record.status() for record in self._instances.values()]
 
-    async def set_slice(self, instance_id: str, sm_request: float, sm_limit: float) -> bool:
+    async def set_slice(self, instance_id: str, compute: ComputeSlice) -> bool:
         """Resizes an instance's compute slice (effective within two token periods); a starting
         instance keeps loading unthrottled and gets the new slice when it is ready."""
         record = self._instances.get(instance_id)
@@ -199,14 +199,14 @@ class WorkerAgent:
             return False
         if self._gpu is None and not self._backend.enforces_shares:
             return False  # nothing can enforce a CPU share here
-        record.slice = (min(sm_request, sm_limit), sm_limit)
+        record.slice = compute
         return record.state == STARTING or self._apply_slice(record)
 
     def _apply_slice(self, record: _Instance) -> bool:
-        request, limit = record.slice
         if self._gpu is None:
-            return self._backend.set_share(record.request.instance_id, limit)  # CPU workers: a share of the cores
-        self._gpu.set_slice(record.request.instance_id, record.cls, request, limit)
+            return self._backend.set_share(record.request.instance_id,
+                                           record.slice.limit)  # CPU workers: a share of the cores
+        self._gpu.set_slice(record.request.instance_id, record.cls, record.slice)
         return True
 
     def telemetry(self) -> dict:

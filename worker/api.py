@@ -10,6 +10,7 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from dilu.messages import StartInstance
+from dilu.slices import ComputeSlice, SliceError
 from worker.agent import WorkerAgent
 
 
@@ -53,9 +54,12 @@ def create_worker_api(agent: WorkerAgent, cluster_key: str | None = None) -> Fas
         return await agent.read_logs(instance_id, tail)
 
     @app.put("/v1/instances/{instance_id}/slice")
-    async def set_slice(instance_id: str, body: dict[str, float]) -> dict[str, bool]:
-        applied = await agent.set_slice(instance_id, float(body["sm_request"]), float(body["sm_limit"]))
-        return {"applied": applied}
+    async def set_slice(instance_id: str, body: dict[str, Any]) -> JSONResponse:
+        try:
+            compute = ComputeSlice.from_wire(body)
+        except SliceError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        return JSONResponse({"applied": await agent.set_slice(instance_id, compute)})
 
     @app.get("/v1/telemetry")
     async def telemetry() -> dict[str, Any]:

@@ -13,7 +13,7 @@ from dilu.db import repo
 from dilu.db.models import FunctionRow, InstanceRow, utcnow
 from dilu.messages import FAILED, STARTING, STOPPING, FunctionStatus, InstanceRole, StartInstance, WorkerInfo
 from dilu.policy.scheduler import PlacementRequest, Scheduler
-from dilu.slices import Slice
+from dilu.slices import ComputeSlice, Slice
 from dilu.snapshot import build_snapshot, check_resize
 from dilu.worker_client import WorkerClient, WorkerUnavailable
 
@@ -36,7 +36,7 @@ class Actuator:
         worker that fails it fails the row there), so a pass that starts several instances does
         not wait on each worker call in turn before it publishes routes and acts on the rest."""
         typed = function.typed_spec
-        request = PlacementRequest(function.name, typed.resources.memory, chosen.sm_request, chosen.sm_limit,
+        request = PlacementRequest(function.name, typed.resources.memory, chosen.compute.request, chosen.compute.limit,
                                    typed.function_class, typed.resources.gpu)
         rows, functions = await self.ctx.db(_rows_and_functions)
         decision = self.scheduler.place(request, build_snapshot(live, rows, functions))
@@ -56,13 +56,14 @@ class Actuator:
         instance_id = f"{function.name}-{uuid.uuid4().hex[:10]}"
         row = InstanceRow(id=instance_id, function=function.name, function_version=function.version,
                           worker_id=info.id, state=STARTING, memory_bytes=request.memory_bytes,
-                          sm_request=chosen.sm_request, sm_limit=chosen.sm_limit, created_at=utcnow(), role=role)
+                          sm_request=chosen.compute.request, sm_limit=chosen.compute.limit, created_at=utcnow(),
+                          role=role)
         await self.ctx.db(repo.create_instance, row=row)
         action = "scale-up" if role == InstanceRole.SERVE else "profile"
         await self.ctx.event(function.name, action, f"{reason}; {decision.reason} on {info.id}", instance_id)
         order = StartInstance(instance_id=instance_id, function=function.name, version=function.version,
                               spec=spec, source_dir=function.source_dir, memory_bytes=request.memory_bytes,
-                              sm_request=chosen.sm_request, sm_limit=chosen.sm_limit, bundle=function.bundle)
+                              compute=chosen.compute, bundle=function.bundle)
         if in_background:
             self.ctx.spawn(self._order_start(client, order, row))
             return row
@@ -112,14 +113,14 @@ class Actuator:
                      live: Sequence[WorkerInfo]) -> None:
         """Pushes a changed slice to running instances in place (vertical scaling, no restart), if
         it passes the same admission as a placement; a refusal is an event, once per slice."""
-        changing = [r for r in rows if (r.sm_request, r.sm_limit) != (chosen.sm_request, chosen.sm_limit)]
+        changing = [r for r in rows if ComputeSlice(r.sm_request or 0.0, r.sm_limit or 0.0) != chosen.compute]
         if not changing:
             return
         instances, functions = await self.ctx.db(_rows_and_functions)
-        verdict = check_resize(self.scheduler, live, instances, functions, function, chosen.sm_request,
-                               chosen.sm_limit)
+        verdict = check_resize(self.scheduler, live, instances, functions, function, chosen.compute)
         if not verdict.ok:
-            message = f"resize to request {chosen.sm_request:g}, limit {chosen.sm_limit:g} refused: {verdict.reason}"
+            message = (f"resize to request {chosen.compute.request:g}, limit {chosen.compute.limit:g} refused: "
+                       f"{verdict.reason}")
             if self._last_refused.get(function.name) != message:
                 self._last_refused[function.name] = message
                 await self.ctx.event(function.name, "resize-refused", message)
@@ -127,19 +128,19 @@ class Actuator:
         self._last_refused.pop(function.name, None)
         urls = {info.id: info.url for info in live}
         for row in rows:
-            if (row.sm_request, row.sm_limit) == (chosen.sm_request, chosen.sm_limit) or row.worker_id not in urls:
+            if ComputeSlice(row.sm_request or 0.0, row.sm_limit or 0.0) == chosen.compute or row.worker_id not in urls:
                 continue
             client = self.ctx.directory.client_for(row.worker_id, urls[row.worker_id])
             try:
-                applied = client is not None and await client.set_slice(row.id, chosen.sm_request, chosen.sm_limit)
+                applied = client is not None and await client.set_slice(row.id, chosen.compute)
             except WorkerUnavailable as exc:
                 log.warning("resizing %s failed: %s", row.id, exc)
                 continue
             if applied:
-                await self.ctx.db(repo.update_instance, instance_id=row.id, sm_request=chosen.sm_request,
-                                  sm_limit=chosen.sm_limit)
+                await self.ctx.db(repo.update_instance, instance_id=row.id, sm_request=chosen.compute.request,
+                                  sm_limit=chosen.compute.limit)
                 await self.ctx.event(function.name, "resize", f"{row.id} slice -> request "
-                                     f"{chosen.sm_request:g}, limit {chosen.sm_limit:g}", row.id)
+                                     f"{chosen.compute.request:g}, limit {chosen.compute.limit:g}", row.id)
 
 
 def _rows_and_functions(*, session: Session) -> tuple[list[InstanceRow], list[FunctionRow]]:

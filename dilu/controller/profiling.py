@@ -35,7 +35,7 @@ from dilu.db import repo
 from dilu.db.models import FunctionRow, InstanceRow, ProfileRow
 from dilu.messages import ACTIVE_STATES, FAILED, READY, FunctionStatus, InstanceRole, WorkerInfo
 from dilu.policy.profiler import Profile
-from dilu.slices import Slice
+from dilu.slices import ComputeSlice, Slice
 from dilu.worker_client import WorkerUnavailable
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,8 @@ class ProfilingJobs:
                           kind="training" if training else "inference", trials=0)
         await self.ctx.set_status(name, version, FunctionStatus.PROFILING)
         max_batch = function.typed_spec.batching.max_batch_size
-        row = await self.actuator.start(function, Slice(1.0, 1.0, max_batch), live, "profiling the new version",
+        row = await self.actuator.start(function, Slice(ComputeSlice(1.0, 1.0), max_batch), live,
+                                        "profiling the new version",
                                         role=InstanceRole.PROFILE, wait_ms=2.0)
         if row is None:
             await self._cannot_profile(function, "no worker could run the profiling instance")

@@ -189,11 +189,11 @@ async def set_slice(name: str, body: SliceUpdate, request: Request, services: Se
             if function is None:
                 raise HTTPException(404, f"function {name!r} not found")
             verdict = check_resize(services.scheduler, live, repo.list_instances(session=session, active_only=True),
-                                   repo.list_functions(session=session), function, body.sm_request, body.sm_limit)
+                                   repo.list_functions(session=session), function, body.compute)
             if not verdict.ok:
                 raise HTTPException(409, f"the slice does not fit where {name!r} runs: {verdict.reason}")
-            row = repo.set_function_slice(session=session, name=name, sm_request=body.sm_request,
-                                          sm_limit=body.sm_limit)
+            row = repo.set_function_slice(session=session, name=name, sm_request=body.compute.request,
+                                          sm_limit=body.compute.limit)
             if row is None:
                 raise HTTPException(404, f"function {name!r} not found")
             return to_public(row, session, _base_url(request), services.routing)

@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from dilu.messages import DeviceInfo, WorkerInfo
+from dilu.slices import ComputeSlice
 from dilu.state.base import Channel
 from dilu.state.memory import MemoryStore
 from tests.builders import make_start
@@ -192,9 +193,9 @@ async def test_cpu_slices_throttle_an_instance_and_resize_in_place(agent: Worker
             return body["wall_ms"] / body["cpu_ms"]
 
         unlimited = await stretch()
-        assert await agent.set_slice("i-burn", 0.05, 0.05)
+        assert await agent.set_slice("i-burn", ComputeSlice(0.05, 0.05))
         throttled = await stretch()
-        assert await agent.set_slice("i-burn", 1.0, 1.0)
+        assert await agent.set_slice("i-burn", ComputeSlice(1.0, 1.0))
         restored = await stretch()
     assert throttled > 3 * unlimited, (unlimited, throttled)
     assert restored < throttled / 2, (throttled, restored)
@@ -210,11 +211,11 @@ async def test_an_instance_loads_unthrottled_and_its_slice_applies_once_ready(ag
     release = tmp_path / "release"
     start = make_start("i-slow", str(FIXTURE_FUNCTIONS / "slow_load"), handler="handler:SlowLoad",
                        model={"release_file": str(release)})
-    start = replace(start, sm_request=0.1, sm_limit=0.1)
+    start = replace(start, compute=ComputeSlice(0.1, 0.1))
     await agent.start_instance(start)
     assert await state_of(agent, "i-slow") == "starting"
     assert limiter.share("i-slow") is None, "loading runs without a CPU quota"
-    assert await agent.set_slice("i-slow", 0.2, 0.2), "a resize while starting is accepted"
+    assert await agent.set_slice("i-slow", ComputeSlice(0.2, 0.2)), "a resize while starting is accepted"
     assert limiter.share("i-slow") is None, "... but applies only once ready"
     release.write_text("go")
     await until_state(agent, "i-slow", "ready")

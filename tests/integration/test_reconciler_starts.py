@@ -14,6 +14,7 @@ from dilu.db import repo
 from dilu.db.models import InstanceRow, utcnow
 from dilu.default_impl import create_scheduler
 from dilu.messages import READY, STARTING, FunctionStatus, InstanceStatus, StartInstance
+from dilu.slices import ComputeSlice
 from dilu.state.base import Channel
 from dilu.state.memory import MemoryStore
 from dilu.worker_client import WorkerDirectory
@@ -52,7 +53,7 @@ class HeldStartsWorker:
     async def read_logs(self, instance_id: str, tail: int = 200) -> str:
         return ""
 
-    async def set_slice(self, instance_id: str, sm_request: float, sm_limit: float) -> bool:
+    async def set_slice(self, instance_id: str, compute: ComputeSlice) -> bool:
         return False
 
     async def info(self) -> dict:

@@ -10,7 +10,7 @@ import pytest
 from dilu.db.models import FunctionRow, InstanceRow
 from dilu.policy.scheduler import ClusterSnapshot, PlacementRequest, create_scheduler
 from dilu.policy.scheduler.resize import Resize, admit_resize
-from dilu.slices import DEFAULT_SM_LIMIT, DEFAULT_SM_REQUEST, effective_slice
+from dilu.slices import DEFAULT_SLICE, effective_slice
 from dilu.snapshot import build_snapshot
 from dilu.spec import spec_from_dict
 from tests.builders import make_spec_dict, make_worker
@@ -29,13 +29,14 @@ class Profile:
 @pytest.mark.parametrize(("label", "resources", "batching", "profile", "expect"), [
     ("pinned slice wins", {"sm_request": 0.3, "sm_limit": 0.5}, {}, Profile(), (0.3, 0.5, 1)),
     ("profile applies, its batch within the spec's bound", {}, {"max_batch_size": 4}, Profile(), (0.2, 0.6, 4)),
-    ("no profile: the default slice, concrete", {}, {}, None, (DEFAULT_SM_REQUEST, DEFAULT_SM_LIMIT, 1)),
-    ("failed profile: the default slice", {}, {}, Profile(status="failed"), (DEFAULT_SM_REQUEST, DEFAULT_SM_LIMIT, 1)),
+    ("no profile: the default slice, concrete", {}, {}, None, (DEFAULT_SLICE.request, DEFAULT_SLICE.limit, 1)),
+    ("failed profile: the default slice", {}, {}, Profile(status="failed"), (DEFAULT_SLICE.request,
+                                                                             DEFAULT_SLICE.limit, 1)),
 ])
 def test_effective_slice(label: str, resources: dict, batching: dict, profile, expect: tuple) -> None:
     spec = make_spec_dict(resources={"memory": "1Gi", **resources}, batching=batching)
     chosen = effective_slice(spec_from_dict(spec), profile)
-    assert (chosen.sm_request, chosen.sm_limit, chosen.batch) == pytest.approx(expect), label
+    assert (chosen.compute.request, chosen.compute.limit, chosen.batch) == pytest.approx(expect), label
 
 
 @pytest.mark.parametrize(("policy", "fit", "why"), [
@@ -45,7 +46,7 @@ def test_effective_slice(label: str, resources: dict, batching: dict, profile, e
 def test_unprofiled_instances_count_at_their_default_slice(policy: str, fit: int, why: str) -> None:
     scheduler = create_scheduler(policy)
     chosen = effective_slice(spec_from_dict(make_spec_dict(resources={"memory": "1Gi", "gpu": True})), None)
-    request = PlacementRequest("f", GiB, chosen.sm_request, chosen.sm_limit, "latency", True)
+    request = PlacementRequest("f", GiB, chosen.compute.request, chosen.compute.limit, "latency", True)
     snapshot = ClusterSnapshot.of([make_gpu("g0")])
     placed = 0
     while (decision := scheduler.place(request, snapshot)).ok:

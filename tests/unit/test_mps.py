@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from dilu.messages import DeviceInfo, StartInstance
+from dilu.slices import ComputeSlice
 from worker.shimlib import ShimPaths
 from worker.tokens.control import GpuControl
 from worker.tokens.mps import MpsSetup, client_env
@@ -33,7 +34,7 @@ def _control(tmp_path: Path, mps: MpsSetup | None) -> GpuControl:
 
 def _start(cls: str) -> StartInstance:
     return StartInstance(instance_id="i-1", function="f", version=1, spec={"class": cls}, source_dir="/x",
-                         memory_bytes=1 << 20, sm_request=0.25, sm_limit=0.6)
+                         memory_bytes=1 << 20, compute=ComputeSlice(0.25, 0.6))
 
 
 def test_an_instance_is_an_mps_client_only_when_the_worker_says_so(tmp_path: Path) -> None:

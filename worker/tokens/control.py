@@ -8,7 +8,7 @@ from typing import Any
 
 from dilu.messages import DeviceInfo, StartInstance
 from dilu.policy.isolation import IsolationParams
-from dilu.slices import default_slice
+from dilu.slices import ComputeSlice
 from worker.shimlib import ShimPaths
 from worker.tokens.manager import TokenManager, socket_path_for
 from worker.tokens.mps import MpsSetup, client_env
@@ -18,10 +18,9 @@ log = logging.getLogger(__name__)
 UNCALIBRATED_CAPACITY = 1e7
 
 
-def slice_of(request: StartInstance) -> tuple[str, float, float]:
-    """(class, sm_request, sm_limit) of an instance; the controller always sends a concrete
-    slice, the defaults (``dilu.slices``) cover a start order from elsewhere."""
-    return (request.spec.get("class", "latency"), *default_slice(request.sm_request, request.sm_limit))
+def class_of(request: StartInstance) -> str:
+    """An instance's class: latency (the default) or batch."""
+    return request.spec.get("class", "latency")
 
 
 class GpuControl:
@@ -72,8 +71,8 @@ class GpuControl:
 
     def admit(self, request: StartInstance) -> dict[str, str]:
         """Registers the instance's slice and returns the environment that injects the shim."""
-        cls, sm_request, sm_limit = slice_of(request)
-        self.manager.set_slice(request.instance_id, cls, sm_request, sm_limit)
+        cls = class_of(request)
+        self.set_slice(request.instance_id, cls, request.compute)
         env = {
             **self.injected_at_start(),
             "DILU_TOKEN_SOCKET": str(self.manager.socket_path),
@@ -87,7 +86,7 @@ class GpuControl:
                 "DILU_FAKE_SCHED": self.fake_sched,
             })
         if self.mps is not None:
-            env.update(client_env(self.mps, cls, sm_limit))
+            env.update(client_env(self.mps, cls, request.compute.limit))
         return env
 
     def injected_at_start(self) -> dict[str, str]:
@@ -103,8 +102,8 @@ class GpuControl:
     def release(self, instance_id: str) -> None:
         self.manager.remove_slice(instance_id)
 
-    def set_slice(self, instance_id: str, cls: str, sm_request: float, sm_limit: float) -> None:
-        self.manager.set_slice(instance_id, cls, min(sm_request, sm_limit), sm_limit)
+    def set_slice(self, instance_id: str, cls: str, compute: ComputeSlice) -> None:
+        self.manager.set_slice(instance_id, cls, compute.request, compute.limit)
 
     def telemetry(self) -> dict[str, Any]:
         return self.manager.telemetry()

@@ -105,9 +105,11 @@ class TokenManager:
 
     # ---- control API (any thread) ----
     def set_slice(self, instance_id: str, cls: str, request: float, limit: float, llm: bool = False) -> None:
-        """Declares or changes an instance's slice; applied from the next period on."""
+        """Declares or changes an instance's slice; applied from the next period on. The one
+        place a slice is clamped: it is enforced from here, whatever sent it."""
+        limit = min(1.0, max(0.0, limit))
         with self._lock:
-            self._slices[instance_id] = InstanceSlice(instance_id, cls, request, limit, llm)
+            self._slices[instance_id] = InstanceSlice(instance_id, cls, min(max(0.0, request), limit), limit, llm)
 
     def remove_slice(self, instance_id: str) -> None:
         with self._lock:
