@@ -6,7 +6,7 @@
         print(dilu.invoke("iris", {"features": [[5.1, 3.5, 1.4, 0.2]]}))
 
 Every error the gateway answers becomes ``DiluError`` with its status and message. For the
-inference protocol (v2), use any Triton or KServe client (see the README).
+inference protocol (v2), use any Triton or KServe client (docs/protocols.md).
 """
 
 from __future__ import annotations

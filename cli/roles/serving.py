@@ -11,8 +11,10 @@ import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import uvicorn
+from starlette.types import ASGIApp
 
 log = logging.getLogger(__name__)
 OnReady = Callable[[str, str | None], Awaitable[None]]   # (HTTP URL, gRPC address or None)
@@ -56,7 +58,7 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def http_server(app: object, **options: object) -> uvicorn.Server:
+def http_server(app: ASGIApp, **options: Any) -> uvicorn.Server:
     """A uvicorn server for ``app``, quiet (the roles log what matters themselves)."""
     return uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, **options))
 

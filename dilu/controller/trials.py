@@ -24,6 +24,7 @@ import httpx
 
 from dilu.bundles import read_member
 from dilu.policy.profiler import Profile, TrialResult, hybrid_growth_search, training_search
+from dilu.slices import ComputeSlice
 from dilu.worker_client import WorkerClient
 
 MIN_REQUESTS = 100          # per trial: a p99 over fewer is little more than the maximum
@@ -99,7 +100,8 @@ class _LiveRunner:
         return result
 
     async def _resized_trial(self, batch: int, sm_pct: int) -> TrialResult | None:
-        if not await self.client.set_slice(self.instance_id, sm_pct / 100, sm_pct / 100):
+        share = sm_pct / 100
+        if not await self.client.set_slice(self.instance_id, ComputeSlice(share, share)):
             raise SlicesUnavailable(f"the worker cannot resize {self.instance_id}")
         return await self._measure(batch, sm_pct)
 
