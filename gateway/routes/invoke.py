@@ -17,7 +17,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from dilu.instance_protocol import is_loading
-from dilu.limits import LimitExceeded, check_json_depth, load_finite_json
+from dilu.limits import LimitExceeded, check_finite_json, check_json_depth
 from dilu.messages import FunctionStatus
 from dilu.spec import retries_after_failure
 from gateway.docs import AUTH_ERRORS, SECURED, ErrorBody, errors
@@ -131,7 +131,7 @@ async def _invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
         return _error(413, f"request body exceeds the limit of {limit} bytes (DILU_MAX_REQUEST_BYTES)")
     try:
         check_json_depth(body)
-        load_finite_json(body)
+        check_finite_json(body)   # the body goes on as it came: checked, not kept
     except LimitExceeded as exc:
         return _error(400, f"request body: {exc}")
     except (ValueError, RecursionError) as exc:

@@ -10,6 +10,7 @@ import pytest
 from dilu.limits import (
     MAX_JSON_DEPTH,
     LimitExceeded,
+    check_finite_json,
     check_json_depth,
     check_yaml,
     json_depth,
@@ -44,6 +45,22 @@ def test_numbers_past_a_double_are_refused_not_made_infinite(text: str) -> None:
     with pytest.raises(LimitExceeded, match="outside the range of a 64-bit float"):
         load_finite_json(text)
     assert load_finite_json('{"x": 1.5e300, "n": 12}') == {"x": 1.5e300, "n": 12}
+
+
+@pytest.mark.parametrize(("body", "problem"), [
+    (b'{"x": NaN}', "NaN is not valid JSON"),
+    (b'[1e400]', "outside the range of a 64-bit float"),
+    (b'{"x": 1,}', "Expecting property name"),
+])
+def test_the_fast_check_refuses_what_the_reader_refuses_in_its_words(body: bytes, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        check_finite_json(body)
+
+
+def test_the_fast_check_takes_what_the_reader_takes() -> None:
+    for body in (b'{"x": [1.5e300, 12, "\\ud800", null]}', b'12345678901234567890123', b'"text"'):
+        check_finite_json(body)         # a lone surrogate escape: valid JSON the C parser refuses
+        load_finite_json(body)
 
 
 BASE = "name: fn\nhandler: handler:H\n"
