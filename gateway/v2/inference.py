@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import orjson
 
 from dilu.messages import FunctionStatus
 from dilu.spec import SpecModel, TensorSpec
 from gateway.routes.invoke import invoke_body
 from gateway.services import FunctionEntry, GatewayServices
-from gateway.v2.tensors import TensorError, from_handler, to_handler
+from gateway.v2.tensors import TensorError, from_handler, handler_body
 
 SERVER_NAME = "dilu"
 EXTENSIONS = ["binary_tensor_data"]
@@ -110,6 +111,15 @@ def _error_message(body: bytes) -> str:
         return body.decode("utf-8", errors="replace")[:500]
 
 
+def _result(body: bytes) -> Any:
+    """The handler's answer: read in C, or by the standard parser where orjson refuses it (a NaN
+    the output check then names)."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return json.loads(body)
+
+
 async def infer(services: GatewayServices, model: Model, request: Inference) -> Result:
     """Runs ``request`` on ``model`` through Dilu's invoke path; outputs in the order asked for."""
     declared = {t.name for t in model.spec.inputs}
@@ -120,16 +130,15 @@ async def infer(services: GatewayServices, model: Model, request: Inference) -> 
         raise ProtocolError(400, f"model {model.name!r} needs the input(s) {', '.join(sorted(missing))}")
     wanted = [model.output(name) for name in request.outputs] if request.outputs else list(model.spec.outputs)
     try:
-        payload = {t.name: to_handler(t, request.inputs[t.name]) for t in model.spec.inputs}
+        body = handler_body([(t, request.inputs[t.name]) for t in model.spec.inputs])
     except TensorError as exc:
         raise ProtocolError(400, str(exc)) from None
-    body = json.dumps(payload, allow_nan=False).encode()
     # The body was bounded on the wire; its JSON form may be larger (numbers as text).
     outcome = await invoke_body(services, model.name, body, max_bytes=len(body))
     if outcome.status != 200:
         raise ProtocolError(outcome.status, _error_message(outcome.body))
     try:
-        produced = json.loads(outcome.body)
+        produced = _result(outcome.body)
     except ValueError:
         raise ProtocolError(500, "the handler's result is not JSON") from None
     if not isinstance(produced, dict):
