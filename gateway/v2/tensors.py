@@ -103,7 +103,8 @@ def from_json(spec: TensorSpec, shape: list[int], data: Any) -> np.ndarray:
             array = np.array(flat, dtype=NUMPY_TYPES[spec.datatype])
     except (OverflowError, ValueError, FloatingPointError, TypeError) as exc:
         raise TensorError(f"input {spec.name!r}: an element does not fit {spec.datatype}: {exc}") from None
-    if spec.datatype.startswith(("INT", "UINT")) and not all(float(v) == int(v) for v in flat):
+    # Whole as written: an int is (float() would round 2**64 - 1 and call it fractional).
+    if spec.datatype.startswith(("INT", "UINT")) and not all(isinstance(v, int) or v.is_integer() for v in flat):
         raise TensorError(f"input {spec.name!r}: {spec.datatype} elements are whole numbers")
     return _finite(spec, array).reshape(shape)
 

@@ -1,0 +1,90 @@
+"""Every v2 datatype through REST binary, REST JSON, both mixed in one request, and gRPC, into a
+handler and back: the same bytes come out, extremes and the smallest floats included; and a
+batch of concurrent requests each gets its own tensors back."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import tritonclient.grpc as triton_grpc
+import tritonclient.http as triton_http
+
+from tests.conftest import FIXTURE_FUNCTIONS
+
+NUMERIC = {"BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
+           "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64, "FP16": np.float16,
+           "FP32": np.float32, "FP64": np.float64}
+
+
+def _tensors(seed: int = 0) -> dict[str, np.ndarray]:
+    """One [2, n] tensor per datatype: its extremes, zero, and (``seed``) a value of its own."""
+    tensors = {}
+    for datatype, dtype in NUMERIC.items():
+        if datatype == "BOOL":
+            values = [True, False, bool(seed % 2), True]
+        elif datatype.startswith("FP"):
+            info = np.finfo(dtype)
+            values = [info.max, -info.max, info.tiny, info.smallest_subnormal, -0.0, 0.1, 1 / 3, float(seed)]
+        else:
+            info = np.iinfo(dtype)
+            values = [info.min, info.max, 0, seed]
+        tensors[datatype] = np.array(values, dtype=dtype).reshape(2, -1)
+    tensors["BYTES"] = np.array([["café", ""], [f"request {seed}", "ünï"]], dtype=object)
+    return tensors
+
+
+def _same(sent: np.ndarray, got: np.ndarray) -> bool:
+    if sent.dtype == object:
+        as_bytes = np.vectorize(lambda v: v if isinstance(v, bytes) else str(v).encode(), otypes=[object])
+        return sent.shape == got.shape and (as_bytes(sent) == as_bytes(got)).all()
+    return sent.shape == got.shape and sent.dtype == got.dtype and sent.tobytes() == got.tobytes()
+
+
+def _over_http(client: triton_http.InferenceServerClient, tensors: dict[str, np.ndarray],
+               binary: callable) -> triton_http.InferResult:
+    inputs, outputs = [], []
+    for number, (datatype, array) in enumerate(tensors.items()):
+        given = triton_http.InferInput(datatype.lower(), list(array.shape), datatype)
+        given.set_data_from_numpy(array, binary_data=binary(number))
+        inputs.append(given)
+        outputs.append(triton_http.InferRequestedOutput(f"{datatype.lower()}_out", binary_data=binary(number + 1)))
+    return client.infer("tensor-echo", inputs, outputs=outputs)
+
+
+@pytest.fixture
+def echo(start_platform):
+    platform = start_platform()
+    deployed = platform.cli("deploy", str(FIXTURE_FUNCTIONS / "tensor_echo" / "model.yaml"))
+    assert deployed.returncode == 0, deployed.stderr
+    return platform
+
+
+@pytest.mark.parametrize(("transport", "binary"), [("binary", lambda n: True), ("JSON", lambda n: False),
+                                                   ("mixed", lambda n: n % 2 == 0)])
+def test_every_datatype_comes_back_byte_exact_over_rest(echo, transport: str, binary: callable) -> None:
+    client = triton_http.InferenceServerClient(echo.url.removeprefix("http://"))
+    sent = _tensors()
+    result = _over_http(client, sent, binary)
+    for datatype, array in sent.items():
+        assert _same(array, result.as_numpy(f"{datatype.lower()}_out")), (transport, datatype)
+
+
+def test_every_datatype_comes_back_byte_exact_over_grpc_and_a_batch_keeps_each_requests_own(echo) -> None:
+    client = triton_grpc.InferenceServerClient(echo.grpc_address)
+
+    def ask(seed: int) -> tuple[dict[str, np.ndarray], triton_grpc.InferResult]:
+        sent = _tensors(seed)
+        inputs = []
+        for datatype, array in sent.items():
+            given = triton_grpc.InferInput(datatype.lower(), list(array.shape), datatype)
+            given.set_data_from_numpy(array)
+            inputs.append(given)
+        return sent, client.infer("tensor-echo", inputs)
+
+    with ThreadPoolExecutor(8) as pool:         # eight at once: the instance batches them
+        answers = list(pool.map(ask, range(8)))
+    for sent, result in answers:
+        for datatype, array in sent.items():
+            assert _same(array, result.as_numpy(f"{datatype.lower()}_out")), datatype
