@@ -92,9 +92,9 @@ class StartInstance(_Wire):
     def from_dict(cls, data: dict[str, Any]) -> StartInstance:
         data = dict(data)
         # An order recorded by an earlier release (an adopted instance) names the two shares alone.
-        wire = data.pop("compute", None) or {"sm_request": data.pop("sm_request", None) or DEFAULT_SLICE.request,
-                                              "sm_limit": data.pop("sm_limit", None) or DEFAULT_SLICE.limit}
-        data.pop("sm_request", None), data.pop("sm_limit", None)
+        request, limit = data.pop("sm_request", None), data.pop("sm_limit", None)
+        wire = data.pop("compute", None) or {"sm_request": DEFAULT_SLICE.request if request is None else request,
+                                              "sm_limit": DEFAULT_SLICE.limit if limit is None else limit}
         return cls(**data, compute=ComputeSlice(float(wire["sm_request"]), float(wire["sm_limit"])))
 
 

@@ -87,7 +87,6 @@ class RequestLoads:
     """One request: the loads arranged for it, and what it measured."""
 
     loader: WorkflowLoader
-    name: str
     spec: WorkflowSpec
     arrived_at: float                       # unix time
     ahead: frozenset[str] = frozenset()     # nodes cold at arrival that the plan loads ahead of need
@@ -219,7 +218,7 @@ class WorkflowLoader:
         history, leads = await self.history(name, spec)
         expected = self.estimates(spec, history, leads, now)
         timeline = plan(spec, expected, policy=spec.loading, branch_probability=history.probability(spec))
-        loads = RequestLoads(self, name, spec, now,
+        loads = RequestLoads(self, spec, now,
                              ahead=frozenset(n for n, planned in timeline.items() if planned.load_at_s is not None),
                              ends_at=now + max((planned.done_at_s for planned in timeline.values()), default=0.0),
                              deadline=now + spec.timeout_s)
