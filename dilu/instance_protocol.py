@@ -40,6 +40,7 @@ ENV_PRELOAD = "DILU_PRELOAD"   # spares: comma-separated modules to import befor
 EXIT_LOAD_FAILED = 3
 ERROR_MARKER = "DILU-ERROR: "
 LOADING_HEADER = "x-dilu-loading"
+TENSOR_FRAME_TYPE = "application/vnd.dilu.tensors"   # the body of dilu.tensor_frames
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,21 @@ class InstanceConfig:
     max_batch_size: int
     max_wait_ms: float
     warmup: dict[str, Any] | None = None   # the spec's warm-up (request or file, count)
+    arrays: str | None = None   # "numpy" or "torch": the handler takes and returns arrays
+    inputs: dict[str, str] | None = None    # declared tensors, name -> datatype (for arrays)
+    outputs: dict[str, str] | None = None
+
+    @classmethod
+    def for_spec(cls, instance_id: str, function: str, spec: Mapping[str, Any], source_dir: str) -> InstanceConfig:
+        """The configuration of an instance of ``spec`` (the function's spec as a dict)."""
+        def declared(tensors: list[dict[str, Any]] | None) -> dict[str, str] | None:
+            return {t["name"]: t["datatype"] for t in tensors} if tensors else None
+
+        return cls(instance_id=instance_id, function=function, handler=spec["handler"], source_dir=source_dir,
+                   options=spec.get("model") or {}, max_batch_size=spec["batching"]["max_batch_size"],
+                   max_wait_ms=spec["batching"]["max_wait_ms"], warmup=spec.get("warmup"),
+                   arrays=spec.get("arrays"), inputs=declared(spec.get("inputs")),
+                   outputs=declared(spec.get("outputs")))
 
     @classmethod
     def from_file(cls, path: str) -> InstanceConfig:

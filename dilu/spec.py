@@ -173,6 +173,10 @@ class SpecModel(_Strict):
     outputs: list[TensorSpec] = Field(
         default_factory=list, max_length=64,
         description="Declared output tensors: the handler returns {output name: nested list or scalar}")
+    arrays: Literal["numpy", "torch"] | None = Field(
+        None, description="The handler takes and returns arrays: predict({input name: array}) -> {output name: "
+                          "array}, a batch stacked along the first axis; numpy arrays, or torch tensors on the "
+                          "instance's device. Inference-protocol tensors then reach it as raw bytes")
     warmup: Warmup | None = Field(None, description="A request each instance runs before it is ready "
                                                     "(its time is the loading stage 'warmup')")
 
@@ -182,6 +186,13 @@ class SpecModel(_Strict):
             raise ValueError("inputs and outputs are declared together (both, or neither)")
         _unique_names(self.inputs, "inputs")
         _unique_names(self.outputs, "outputs")
+        if self.arrays and not self.inputs:
+            raise ValueError("arrays: the handler takes arrays of the declared tensors: declare inputs and outputs")
+        if self.arrays and self.batching.max_batch_size > 1:
+            fixed = [t.name for t in self.inputs + self.outputs if not t.shape or t.shape[0] != -1]
+            if fixed:
+                raise ValueError(f"arrays with batching: requests are stacked along the first axis, so each tensor's "
+                                 f"first dimension is -1 (not so for {', '.join(fixed)})")
         return self
 
     @property

@@ -16,12 +16,12 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 HOME=/tmp
 RUN python3 -m venv /opt/venv \
  && pip install --no-cache-dir $PIP_ARGS --extra-index-url "$TORCH_INDEX_URL" "torch==$TORCH_VERSION" \
- && pip install --no-cache-dir $PIP_ARGS "uvicorn>=0.29" "uvloop>=0.19" "httptools>=0.6" "starlette>=0.37" "prometheus-client>=0.20" "numpy>=1.26" \
+ && pip install --no-cache-dir $PIP_ARGS "uvicorn>=0.29" "uvloop>=0.19" "httptools>=0.6" "starlette>=0.37" "prometheus-client>=0.20" "orjson>=3.9" "numpy>=1.26" \
  && find /opt/venv -name '__pycache__' -prune -exec rm -rf {} + \
  && (useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin dilu 2>/dev/null || true)
 WORKDIR /opt/dilu/runtime
 # Only what runs inside an instance: the instance server and the handler API it imports.
-COPY dilu/__init__.py dilu/handler.py dilu/instance_protocol.py dilu/cuda_driver.py ./dilu/
+COPY dilu/__init__.py dilu/handler.py dilu/instance_protocol.py dilu/cuda_driver.py dilu/tensor_frames.py ./dilu/
 COPY worker/__init__.py ./worker/
 COPY worker/instance ./worker/instance
 ENV PYTHONPATH=/opt/dilu/runtime

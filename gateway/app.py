@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from dilu.workflows.loading import WorkflowLoader
 from gateway.auth import AuthGate
 from gateway.errors import KeepsConnections, errors_in_openapi, install_error_handlers
+from gateway.fast_path import FastPaths
 from gateway.limits import BodyLimits
 from gateway.routes import bundles, dashboard, functions, invoke, keys, system, workflows
 from gateway.services import GatewayServices
@@ -52,11 +53,11 @@ def create_app(build_services: Callable[[], Awaitable[GatewayServices]],
 
 def create_asgi(build_services: Callable[[], Awaitable[GatewayServices]],
                 release: Callable[[GatewayServices], Awaitable[None]] | None = None) -> KeepsConnections:
-    """The app to serve: the FastAPI app behind the invoke fast path, both behind the key check,
-    all behind the last answer to an unexpected error."""
+    """The app to serve: the FastAPI app behind the fast path of the hot routes, both behind the
+    key check, all behind the last answer to an unexpected error."""
     app = create_app(build_services, release)
     def services() -> GatewayServices:
         return app.state.services
 
     limited = BodyLimits(app, lambda: services().settings)
-    return KeepsConnections(AuthGate(invoke.InvokeFastPath(limited, services), services), services)
+    return KeepsConnections(AuthGate(FastPaths(limited, services), services), services)

@@ -55,10 +55,10 @@ class Forwarder:
             await self._session.close()
             self._session = None
 
-    async def post(self, url: str, body: bytes, timeout_s: float) -> Reply:
+    async def post(self, url: str, body: bytes, timeout_s: float, content_type: str = "application/json") -> Reply:
         assert self._session is not None, "Forwarder.start() was not awaited"
         try:
-            async with self._session.post(url, data=body, headers={"content-type": "application/json"},
+            async with self._session.post(url, data=body, headers={"content-type": content_type},
                                           timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
                 content = await response.read()
                 headers = {key: response.headers[key] for key in PASSED_HEADERS if key in response.headers}

@@ -6,6 +6,7 @@ Built once in the app's lifespan (never at import time) and reached through ``ga
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
@@ -23,6 +24,7 @@ from dilu.db.models import InstanceRow
 from dilu.default_impl import create_scheduler
 from dilu.failures import OUTAGES, FailureLog, describe
 from dilu.messages import READY, Endpoint, FunctionStatus, InstanceRole
+from dilu.spec import SpecModel
 from dilu.state.base import Channel, StateStore, follow
 from dilu.worker_client import WorkerDirectory
 from dilu.workflows.hints import WorkflowHints
@@ -42,6 +44,11 @@ class FunctionEntry:
     error: str | None
     spec: dict[str, Any]
     cold_start_s: float | None = None   # the current version's loading stages, summed (None: never started)
+
+    @functools.cached_property
+    def model(self) -> SpecModel:
+        """The spec, typed; read once per version (entries are replaced, never changed)."""
+        return SpecModel.model_validate(self.spec)
 
 
 class FunctionCache:

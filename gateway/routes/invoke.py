@@ -1,6 +1,6 @@
 """Invocation: pick the least-loaded ready instance, or wait in the bounded cold-start queue.
 
-The same ``handle_invoke`` serves the documented FastAPI route and ``InvokeFastPath``, a plain
+The same ``handle_invoke`` serves the documented FastAPI route and ``gateway.fast_path``, a plain
 ASGI wrapper that takes invoke requests before the framework's middleware, routing and
 dependency machinery (which cost more CPU per request than the forwarding itself).
 """
@@ -28,6 +28,7 @@ from gateway.services import GatewayServices
 
 router = APIRouter(prefix="/v1/functions", tags=["invoke"], dependencies=SECURED, responses=AUTH_ERRORS)
 PREFIX, SUFFIX = "/v1/functions/", "/invoke"
+JSON = "application/json"
 BodyChunks = Callable[[], Awaitable[tuple[bytes, bool]]]  # -> (chunk, more_body)
 
 
@@ -84,12 +85,14 @@ _METRICS = _MetricsCache()
 
 async def handle_invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
                         content_length: str | None, max_bytes: int | None = None,
-                        from_workflow: bool = False) -> Outcome:
+                        from_workflow: bool = False, content_type: str = JSON) -> Outcome:
     """One invocation, start to end. ``max_bytes``: the body's limit when not the setting's (the
-    inference protocol bounds its own wire format and hands over the JSON it made).
-    ``from_workflow``: a workflow's node (not a direct request, which keeps the function loaded)."""
+    inference protocol bounds its own wire format and hands over the body it made).
+    ``from_workflow``: a workflow's node (not a direct request, which keeps the function loaded).
+    ``content_type``: JSON, or the tensor frame the inference protocol makes for a function that
+    takes arrays (checked as it was made, so not parsed here)."""
     started = time.perf_counter()
-    outcome = await _invoke(services, name, next_chunk, content_length, max_bytes, from_workflow)
+    outcome = await _invoke(services, name, next_chunk, content_length, max_bytes, from_workflow, content_type)
     elapsed = time.perf_counter() - started
     _METRICS.observe(name, outcome.status, elapsed)
     if outcome.status < 400:
@@ -100,7 +103,7 @@ async def handle_invoke(services: GatewayServices, name: str, next_chunk: BodyCh
 
 
 async def invoke_body(services: GatewayServices, name: str, body: bytes, max_bytes: int | None = None,
-                      from_workflow: bool = False) -> Outcome:
+                      from_workflow: bool = False, content_type: str = JSON) -> Outcome:
     """One invocation of a body already in memory (what the inference protocol and workflows
     hand over)."""
     sent = False
@@ -112,11 +115,12 @@ async def invoke_body(services: GatewayServices, name: str, body: bytes, max_byt
         sent = True
         return body, False
 
-    return await handle_invoke(services, name, next_chunk, None, max_bytes, from_workflow)
+    return await handle_invoke(services, name, next_chunk, None, max_bytes, from_workflow, content_type)
 
 
 async def _invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
-                  content_length: str | None, max_bytes: int | None, from_workflow: bool) -> Outcome:
+                  content_length: str | None, max_bytes: int | None, from_workflow: bool,
+                  content_type: str) -> Outcome:
     settings = services.settings
     limit = settings.max_request_bytes if max_bytes is None else max_bytes
     function = services.functions.get(name)
@@ -129,13 +133,14 @@ async def _invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
         body = await _read_body(next_chunk, content_length, limit)
     except _TooLarge:
         return _error(413, f"request body exceeds the limit of {limit} bytes (DILU_MAX_REQUEST_BYTES)")
-    try:
-        check_json_depth(body)
-        check_finite_json(body)   # the body goes on as it came: checked, not kept
-    except LimitExceeded as exc:
-        return _error(400, f"request body: {exc}")
-    except (ValueError, RecursionError) as exc:
-        return _error(400, f"request body is not valid JSON: {exc}")
+    if content_type == JSON:
+        try:
+            check_json_depth(body)
+            check_finite_json(body)   # the body goes on as it came: checked, not kept
+        except LimitExceeded as exc:
+            return _error(400, f"request body: {exc}")
+        except (ValueError, RecursionError) as exc:
+            return _error(400, f"request body is not valid JSON: {exc}")
 
     services.activity.started(name, direct=not from_workflow)
     routing = services.routing
@@ -161,7 +166,8 @@ async def _invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
             return _error(503 if entry is None or entry.status == FunctionStatus.FAILED else 504, str(exc))
         routing.acquire(name, endpoint.instance_id)
         try:
-            reply = await services.forwarder.post(endpoint.url + "/infer", body, settings.request_timeout_s)
+            reply = await services.forwarder.post(endpoint.url + "/infer", body, settings.request_timeout_s,
+                                                  content_type)
         except NotDelivered:
             # Nothing reached the instance, so trying elsewhere is always safe.
             routing.drop_endpoint(name, endpoint.instance_id)
@@ -208,7 +214,7 @@ async def _invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
 async def invoke(name: str, request: Request) -> Response:
     """Runs the function on one JSON input and returns its JSON result.
 
-    (Served by InvokeFastPath in the running gateway; this route documents it and backs it up.)
+    (Served by gateway.fast_path in the running gateway; this route documents it and backs it up.)
     """
     stream = request.stream().__aiter__()
 
@@ -222,41 +228,3 @@ async def invoke(name: str, request: Request) -> Response:
                                   request.headers.get("content-length"))
     return Response(outcome.body, status_code=outcome.status, headers=outcome.headers,
                     media_type=outcome.content_type)
-
-
-class InvokeFastPath:
-    """ASGI wrapper: ``POST /v1/functions/{name}/invoke`` straight to ``handle_invoke``."""
-
-    def __init__(self, app: Any, services_of: Callable[[], GatewayServices]) -> None:
-        self.app = app
-        self._services_of = services_of
-
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            path: str = scope["path"]
-            if path.startswith(PREFIX) and path.endswith(SUFFIX):
-                name = path[len(PREFIX):-len(SUFFIX)]
-                if name and "/" not in name:
-                    await self._serve(name, scope, receive, send)
-                    return
-        await self.app(scope, receive, send)
-
-    async def _serve(self, name: str, scope: dict, receive: Callable, send: Callable) -> None:
-        content_length = None
-        for key, value in scope["headers"]:
-            if key == b"content-length":
-                content_length = value.decode("latin-1")
-                break
-
-        async def next_chunk() -> tuple[bytes, bool]:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return b"", False
-            return message.get("body", b""), message.get("more_body", False)
-
-        outcome = await handle_invoke(self._services_of(), name, next_chunk, content_length)
-        headers = [(b"content-type", outcome.content_type.encode("latin-1")),
-                   (b"content-length", str(len(outcome.body)).encode())]
-        headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in outcome.headers.items()]
-        await send({"type": "http.response.start", "status": outcome.status, "headers": headers})
-        await send({"type": "http.response.body", "body": outcome.body})

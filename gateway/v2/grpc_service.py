@@ -76,7 +76,7 @@ def decode(model: Model, request: Any) -> Inference:
             if raw:
                 spec = model.input(tensor.name)
                 inputs[tensor.name] = from_binary(spec, check_header(spec, tensor.datatype, list(tensor.shape)),
-                                                  raw[position])
+                                                  raw[position], finite=not model.spec.arrays)
             else:
                 inputs[tensor.name] = _from_contents(model, tensor)
     except TensorError as exc:
@@ -141,7 +141,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                                                   id=result.id or "")
         for spec, array in result.outputs:
             response.outputs.add(name=spec.name, datatype=spec.datatype, shape=list(array.shape))
-            response.raw_output_contents.append(to_binary(spec, array))
+            response.raw_output_contents.append(bytes(to_binary(spec, array)))
         return response
 
 

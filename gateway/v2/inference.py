@@ -1,9 +1,10 @@
 """What both transports of the inference protocol (REST and gRPC) share: finding the model and
 running one inference through Dilu's own invoke path.
 
-A v2 request becomes one ordinary invocation (``{input name: nested list}``) handed to
-``handle_invoke``, so it waits in the same cold-start queue, is batched with Dilu's own
-requests, counts for scaling and shows in the same metrics. Models are functions that declare
+A v2 request becomes one ordinary invocation handed to ``handle_invoke`` (``{input name: nested
+list}`` as JSON, or for a function that takes arrays the tensors' own bytes in a frame), so it
+waits in the same cold-start queue, is batched with Dilu's own requests, counts for scaling and
+shows in the same metrics. Models are functions that declare
 their tensors; a model's only version is the function's current version.
 """
 
@@ -16,9 +17,10 @@ from typing import Any
 import numpy as np
 import orjson
 
+from dilu import tensor_frames as frames
 from dilu.messages import FunctionStatus
 from dilu.spec import SpecModel, TensorSpec
-from gateway.routes.invoke import invoke_body
+from gateway.routes.invoke import JSON, invoke_body
 from gateway.services import FunctionEntry, GatewayServices
 from gateway.v2.tensors import TensorError, from_handler, handler_body
 
@@ -95,7 +97,7 @@ async def find_model(services: GatewayServices, name: str, version: str | None =
         entry = services.functions.get(name)
     if entry is None:
         raise ProtocolError(404, f"model {name!r} not found")
-    spec = SpecModel.model_validate(entry.spec)
+    spec = entry.model
     if not spec.serves_v2:
         raise ProtocolError(404, f"function {name!r} does not declare its tensors (inputs and outputs in its "
                                  "spec), so it is not served over the inference protocol")
@@ -111,9 +113,11 @@ def _error_message(body: bytes) -> str:
         return body.decode("utf-8", errors="replace")[:500]
 
 
-def _result(body: bytes) -> Any:
-    """The handler's answer: read in C, or by the standard parser where orjson refuses it (a NaN
-    the output check then names)."""
+def _result(body: bytes, content_type: str) -> Any:
+    """The handler's answer: arrays over the frame's bytes, or JSON read in C (by the standard
+    parser where orjson refuses it: a NaN the output check then names)."""
+    if content_type == frames.MEDIA_TYPE:
+        return {tensor.name: tensor.array for tensor in frames.decode(body)}
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -129,16 +133,23 @@ async def infer(services: GatewayServices, model: Model, request: Inference) -> 
     if missing:
         raise ProtocolError(400, f"model {model.name!r} needs the input(s) {', '.join(sorted(missing))}")
     wanted = [model.output(name) for name in request.outputs] if request.outputs else list(model.spec.outputs)
+    ordered = [(t, request.inputs[t.name]) for t in model.spec.inputs]
     try:
-        body = handler_body([(t, request.inputs[t.name]) for t in model.spec.inputs])
+        if model.spec.arrays:
+            body = frames.encode(frames.Tensor(t.name, t.datatype, array) for t, array in ordered)
+            content_type = frames.MEDIA_TYPE
+        else:
+            body, content_type = handler_body(ordered), JSON
     except TensorError as exc:
         raise ProtocolError(400, str(exc)) from None
     # The body was bounded on the wire; its JSON form may be larger (numbers as text).
-    outcome = await invoke_body(services, model.name, body, max_bytes=len(body))
+    outcome = await invoke_body(services, model.name, body, max_bytes=len(body), content_type=content_type)
     if outcome.status != 200:
         raise ProtocolError(outcome.status, _error_message(outcome.body))
     try:
-        produced = _result(outcome.body)
+        produced = _result(outcome.body, outcome.content_type)
+    except frames.FrameError as exc:
+        raise ProtocolError(500, f"the instance's answer is malformed: {exc}") from None
     except ValueError:
         raise ProtocolError(500, "the handler's result is not JSON") from None
     if not isinstance(produced, dict):
@@ -149,7 +160,7 @@ async def infer(services: GatewayServices, model: Model, request: Inference) -> 
         if tensor.name not in produced:
             raise ProtocolError(500, f"the handler of {model.name!r} returned no output {tensor.name!r}")
         try:
-            outputs.append((tensor, from_handler(tensor, produced[tensor.name])))
+            outputs.append((tensor, from_handler(tensor, produced[tensor.name], finite=not model.spec.arrays)))
         except TensorError as exc:
             raise ProtocolError(500, str(exc)) from None
     return Result(model=model, outputs=outputs, id=request.id, headers=outcome.headers)

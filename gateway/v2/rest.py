@@ -4,8 +4,11 @@ readiness and inference, each model also under ``/versions/{version}``."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
+import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
@@ -15,6 +18,7 @@ from dilu.spec import DATATYPES
 from gateway.docs import AUTH_ERRORS, SECURED, errors
 from gateway.errors import error_response
 from gateway.limits import BodyTooLarge, read_capped
+from gateway.services import GatewayServices
 from gateway.v2.inference import EXTENSIONS, SERVER_NAME, ProtocolError, find_model, infer
 from gateway.v2.rest_wire import HEADER_LENGTH, decode_request, encode_response
 
@@ -142,11 +146,39 @@ async def model_ready(name: str, request: Request, version: str | None = None) -
     return Response(status_code=200)
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+@dataclass
+class Answer:
+    """A finished response of the infer route."""
+
+    status: int
+    body: bytes
+    headers: dict[str, str]
+    media_type: str
+
+
+def _error_answer(exc: ProtocolError) -> Answer:
+    return Answer(exc.status, orjson.dumps({"error": exc.message}),
+                  {"retry-after": "1"} if exc.status == 429 else {}, "application/json")
+
+
+async def answer_infer(services: GatewayServices, name: str, version: str | None,
+                       read_body: Callable[[int], Awaitable[bytes]], header_length: str | None) -> Answer:
+    """One inference request, start to end: what both the documented route and the gateway's
+    fast path (``gateway.fast_path``) answer. ``read_body(limit)`` raises ``BodyTooLarge``."""
     try:
-        return await read_capped(request.stream(), request.headers.get("content-length"), limit)
-    except BodyTooLarge:
-        raise ProtocolError(413, f"request body exceeds the limit of {limit} bytes (DILU_MAX_REQUEST_BYTES)") from None
+        model = await find_model(services, name, version)
+        limit = services.settings.max_request_bytes
+        try:
+            body = await read_body(limit)
+        except BodyTooLarge:
+            raise ProtocolError(413, f"request body exceeds the limit of {limit} bytes "
+                                     "(DILU_MAX_REQUEST_BYTES)") from None
+        inference, choice = decode_request(model, body, header_length)
+        result = await infer(services, model, inference)
+        content, headers, media_type = encode_response(result, choice)
+    except ProtocolError as exc:
+        return _error_answer(exc)
+    return Answer(200, content, headers, media_type)
 
 
 _INFER_DOC = {
@@ -168,17 +200,15 @@ _INFER_RESPONSES = {
 @router.post("/models/{name}/versions/{version}/infer", dependencies=SECURED, responses=_INFER_RESPONSES,
              openapi_extra=_INFER_DOC)
 async def model_infer(name: str, request: Request, version: str | None = None) -> Response:
-    """One inference through Dilu's queue, batching and scaling, like ``/v1/functions/{name}/invoke``."""
-    services = request.app.state.services
-    try:
-        model = await find_model(services, name, version)
-        body = await _read_body(request, services.settings.max_request_bytes)
-        inference, choice = decode_request(model, body, request.headers.get(HEADER_LENGTH))
-        result = await infer(services, model, inference)
-        content, headers, media_type = encode_response(result, choice)
-    except ProtocolError as exc:
-        return _answer(exc)
-    return Response(content, headers=headers, media_type=media_type)
+    """One inference through Dilu's queue, batching and scaling, like ``/v1/functions/{name}/invoke``.
+
+    (Served by gateway.fast_path in the running gateway; this route documents it and backs it up.)
+    """
+    answer = await answer_infer(
+        request.app.state.services, name, version,
+        lambda limit: read_capped(request.stream(), request.headers.get("content-length"), limit),
+        request.headers.get(HEADER_LENGTH))
+    return Response(answer.body, status_code=answer.status, headers=answer.headers, media_type=answer.media_type)
 
 
 def add_schemas(openapi: dict[str, Any]) -> None:

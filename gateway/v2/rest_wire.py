@@ -90,7 +90,7 @@ def decode_request(model: Model, body: bytes, header_length: str | None) -> tupl
             if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(raw):
                 raise ProtocolError(400, f"input {name!r}: binary_data_size {size!r} does not fit the "
                                          f"{len(raw) - offset} binary bytes left in the body")
-            inputs[name] = from_binary(spec, shape, raw[offset:offset + size])
+            inputs[name] = from_binary(spec, shape, raw[offset:offset + size], finite=not model.spec.arrays)
             offset += size
     except TensorError as exc:
         raise ProtocolError(400, str(exc)) from None
@@ -125,7 +125,10 @@ def encode_response(result: Result, choice: OutputChoice) -> tuple[bytes, dict[s
             tensor["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:
-            tensor["data"] = to_json_data(spec, array)
+            try:
+                tensor["data"] = to_json_data(spec, array)
+            except TensorError as exc:
+                raise ProtocolError(500, str(exc)) from None
         outputs.append(tensor)
     document: dict[str, Any] = {"model_name": result.model.name, "model_version": result.model.version,
                                 "outputs": outputs}

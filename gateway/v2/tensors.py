@@ -11,22 +11,14 @@ Every problem is a ``TensorError`` whose message names the tensor.
 from __future__ import annotations
 
 import math
-import struct
 from typing import Any
 
 import numpy as np
 import orjson
 
 from dilu.spec import TensorSpec
+from dilu.tensor_frames import NUMPY_TYPES, FrameError, array_of, raw_bytes
 
-NUMPY_TYPES: dict[str, np.dtype] = {
-    "BOOL": np.dtype(np.bool_), "UINT8": np.dtype("<u1"), "UINT16": np.dtype("<u2"),
-    "UINT32": np.dtype("<u4"), "UINT64": np.dtype("<u8"), "INT8": np.dtype("<i1"),
-    "INT16": np.dtype("<i2"), "INT32": np.dtype("<i4"), "INT64": np.dtype("<i8"),
-    "FP16": np.dtype("<f2"), "FP32": np.dtype("<f4"), "FP64": np.dtype("<f8"),
-    "BYTES": np.dtype(object),
-}
-_LENGTH = struct.Struct("<I")
 # No request can carry more elements than this (each takes at least a byte); bounding every
 # dimension, not only their product, also keeps a zero-sized shape such as [0, 2**62] out of
 # numpy, which cannot hold such a dimension.
@@ -119,34 +111,15 @@ def _finite(spec: TensorSpec, array: np.ndarray, kind: str = "input") -> np.ndar
     return array
 
 
-def from_binary(spec: TensorSpec, shape: list[int], raw: bytes | memoryview) -> np.ndarray:
-    """An input sent as raw bytes (binary extension, or gRPC ``raw_input_contents``)."""
-    count = element_count(shape)
-    if spec.datatype == "BYTES":
-        return _split_bytes(spec, raw, count).reshape(shape)
-    dtype = NUMPY_TYPES[spec.datatype]
-    if len(raw) != count * dtype.itemsize:
-        raise TensorError(f"input {spec.name!r}: {len(raw)} bytes given, shape {shape} of {spec.datatype} "
-                          f"takes {count * dtype.itemsize}")
-    return _finite(spec, np.frombuffer(raw, dtype=dtype)).reshape(shape)
-
-
-def _split_bytes(spec: TensorSpec, raw: bytes | memoryview, count: int) -> np.ndarray:
-    view, items, offset = memoryview(raw), [], 0
-    while offset < len(view):
-        if offset + 4 > len(view):
-            raise TensorError(f"input {spec.name!r}: a BYTES element's 4-byte length is cut short")
-        (length,) = _LENGTH.unpack_from(view, offset)
-        offset += 4
-        if offset + length > len(view):
-            raise TensorError(f"input {spec.name!r}: a BYTES element is shorter than its length says")
-        items.append(bytes(view[offset:offset + length]))
-        offset += length
-    if len(items) != count:
-        raise TensorError(f"input {spec.name!r}: {len(items)} BYTES elements given, the shape holds {count}")
-    array = np.empty(count, dtype=object)
-    array[:] = items
-    return array
+def from_binary(spec: TensorSpec, shape: list[int], raw: bytes | memoryview, finite: bool = True) -> np.ndarray:
+    """An input sent as raw bytes (binary extension, or gRPC ``raw_input_contents``): an array
+    over those bytes, not a copy. ``finite``: refuse NaN and infinities (a handler that takes
+    JSON cannot receive them; one that takes arrays can)."""
+    try:
+        array = array_of(spec.datatype, shape, raw, spec.name)
+        return _finite(spec, array) if finite else array
+    except FrameError as exc:
+        raise TensorError(str(exc)) from None
 
 
 def to_handler(spec: TensorSpec, array: np.ndarray) -> Any:
@@ -175,35 +148,37 @@ def handler_body(inputs: list[tuple[TensorSpec, np.ndarray]]) -> bytes:
                         option=orjson.OPT_SERIALIZE_NUMPY)
 
 
-def from_handler(spec: TensorSpec, value: Any) -> np.ndarray:
-    """An output as the handler returned it, checked against its declaration."""
+def from_handler(spec: TensorSpec, value: Any, finite: bool = True) -> np.ndarray:
+    """An output as the handler returned it, checked against its declaration (and with
+    ``finite``, refused if it holds NaN or infinities)."""
     try:
         if spec.datatype == "BYTES":
             array = np.array(value, dtype=object)
-            array = np.vectorize(lambda item: item if isinstance(item, str) else str(item),
+            array = np.vectorize(lambda item: item if isinstance(item, (str, bytes)) else str(item),
                                  otypes=[object])(array) if array.size else array
         else:
-            with np.errstate(over="raise", invalid="raise"):
-                array = np.array(value, dtype=NUMPY_TYPES[spec.datatype])
+            with np.errstate(over="raise", invalid="raise"):   # an array of the right type is not copied
+                array = np.asarray(value, dtype=NUMPY_TYPES[spec.datatype])
     except (OverflowError, ValueError, FloatingPointError, TypeError) as exc:
         raise TensorError(f"output {spec.name!r}: the handler's value is not a {spec.datatype} tensor: {exc}") from None
     if not shape_fits(spec.shape, array.shape):
         raise TensorError(f"output {spec.name!r}: the handler returned shape {list(array.shape)}, the spec "
                           f"declares {spec.shape}")
-    return _finite(spec, array, "output")
+    return _finite(spec, array, "output") if finite else array
 
 
 def to_json_data(spec: TensorSpec, array: np.ndarray) -> list:
-    """An output's flat ``data`` for a JSON response."""
-    return array.reshape(-1).tolist()
-
-
-def to_binary(spec: TensorSpec, array: np.ndarray) -> bytes:
-    """An output's raw bytes (binary extension, or gRPC ``raw_output_contents``)."""
+    """An output's flat ``data`` for a JSON response; BYTES elements as text."""
+    flat = array.reshape(-1).tolist()
     if spec.datatype == "BYTES":
-        parts = []
-        for item in array.reshape(-1):
-            encoded = item.encode("utf-8") if isinstance(item, str) else bytes(item)
-            parts += [_LENGTH.pack(len(encoded)), encoded]
-        return b"".join(parts)
-    return np.ascontiguousarray(array, dtype=NUMPY_TYPES[spec.datatype]).tobytes()
+        try:
+            return [item.decode("utf-8") if isinstance(item, bytes) else item for item in flat]
+        except UnicodeDecodeError:
+            raise TensorError(f"output {spec.name!r}: a BYTES element is not UTF-8 text, which JSON cannot "
+                              "carry: ask for it as binary data") from None
+    return flat
+
+
+def to_binary(spec: TensorSpec, array: np.ndarray) -> bytes | memoryview:
+    """An output's raw bytes (binary extension, or gRPC ``raw_output_contents``)."""
+    return raw_bytes(spec.datatype, array)

@@ -5,11 +5,13 @@ batch of concurrent requests each gets its own tensors back."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
+from tritonclient.utils import InferenceServerException
 
 from tests.conftest import FIXTURE_FUNCTIONS
 
@@ -42,7 +44,7 @@ def _same(sent: np.ndarray, got: np.ndarray) -> bool:
     return sent.shape == got.shape and sent.dtype == got.dtype and sent.tobytes() == got.tobytes()
 
 
-def _over_http(client: triton_http.InferenceServerClient, tensors: dict[str, np.ndarray],
+def _over_http(client: triton_http.InferenceServerClient, name: str, tensors: dict[str, np.ndarray],
                binary: callable) -> triton_http.InferResult:
     inputs, outputs = [], []
     for number, (datatype, array) in enumerate(tensors.items()):
@@ -50,15 +52,23 @@ def _over_http(client: triton_http.InferenceServerClient, tensors: dict[str, np.
         given.set_data_from_numpy(array, binary_data=binary(number))
         inputs.append(given)
         outputs.append(triton_http.InferRequestedOutput(f"{datatype.lower()}_out", binary_data=binary(number + 1)))
-    return client.infer("tensor-echo", inputs, outputs=outputs)
+    return client.infer(name, inputs, outputs=outputs)
 
 
-@pytest.fixture
-def echo(start_platform):
+@dataclass
+class Echo:
+    url: str
+    grpc_address: str
+    name: str
+
+
+@pytest.fixture(params=["tensor_echo", "tensor_echo_arrays"])
+def echo(start_platform, request) -> Echo:
+    """The echo handler taking nested lists, or (``arrays: numpy``) the tensors' bytes as arrays."""
     platform = start_platform()
-    deployed = platform.cli("deploy", str(FIXTURE_FUNCTIONS / "tensor_echo" / "model.yaml"))
+    deployed = platform.cli("deploy", str(FIXTURE_FUNCTIONS / request.param / "model.yaml"))
     assert deployed.returncode == 0, deployed.stderr
-    return platform
+    return Echo(platform.url, platform.grpc_address, request.param.replace("_", "-"))
 
 
 @pytest.mark.parametrize(("transport", "binary"), [("binary", lambda n: True), ("JSON", lambda n: False),
@@ -66,7 +76,7 @@ def echo(start_platform):
 def test_every_datatype_comes_back_byte_exact_over_rest(echo, transport: str, binary: callable) -> None:
     client = triton_http.InferenceServerClient(echo.url.removeprefix("http://"))
     sent = _tensors()
-    result = _over_http(client, sent, binary)
+    result = _over_http(client, echo.name, sent, binary)
     for datatype, array in sent.items():
         assert _same(array, result.as_numpy(f"{datatype.lower()}_out")), (transport, datatype)
 
@@ -81,10 +91,27 @@ def test_every_datatype_comes_back_byte_exact_over_grpc_and_a_batch_keeps_each_r
             given = triton_grpc.InferInput(datatype.lower(), list(array.shape), datatype)
             given.set_data_from_numpy(array)
             inputs.append(given)
-        return sent, client.infer("tensor-echo", inputs)
+        return sent, client.infer(echo.name, inputs)
 
     with ThreadPoolExecutor(8) as pool:         # eight at once: the instance batches them
         answers = list(pool.map(ask, range(8)))
     for sent, result in answers:
         for datatype, array in sent.items():
             assert _same(array, result.as_numpy(f"{datatype.lower()}_out")), datatype
+
+
+def test_nan_and_infinities_reach_a_handler_of_arrays_and_are_refused_for_one_of_json(echo) -> None:
+    client = triton_grpc.InferenceServerClient(echo.grpc_address)
+    sent = _tensors()
+    sent["FP32"] = np.array([[np.nan, np.inf], [-np.inf, 1.0]], dtype=np.float32)
+    inputs = []
+    for datatype, array in sent.items():
+        given = triton_grpc.InferInput(datatype.lower(), list(array.shape), datatype)
+        given.set_data_from_numpy(array)
+        inputs.append(given)
+    if echo.name == "tensor-echo-arrays":     # raw bytes end to end: any float is a value
+        result = client.infer(echo.name, inputs)
+        assert _same(sent["FP32"], result.as_numpy("fp32_out"))
+    else:                                     # the handler takes JSON, which has no NaN
+        with pytest.raises(InferenceServerException, match="input 'fp32': element 0 is nan"):
+            client.infer(echo.name, inputs)

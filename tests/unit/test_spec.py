@@ -53,6 +53,11 @@ def test_cluster_default_applies_only_where_the_user_is_silent() -> None:
     ("warm-up file outside the code", MINIMAL + "warmup:\n  file: ../secrets.json\n", "no '..'"),
     ("warm-up file absolute", MINIMAL + "warmup:\n  file: /etc/passwd\n", "relative"),
     ("warm-up count bounded", MINIMAL + "warmup:\n  request: 1\n  count: 1000\n", "warmup.count (line 5)"),
+    ("arrays without tensors", MINIMAL + "arrays: numpy\n", "declare inputs and outputs"),
+    ("arrays of an unknown kind", MINIMAL + "arrays: jax\n", "arrays (line 3)"),
+    ("arrays batched on a fixed first axis", MINIMAL + "arrays: numpy\nbatching: {max_batch_size: 4}\n"
+     "inputs: [{name: x, datatype: FP32, shape: [1, 3]}]\noutputs: [{name: y, datatype: FP32, shape: [-1]}]\n",
+     "first dimension is -1 (not so for x)"),
 ])
 def test_invalid_specs_name_the_problem(name: str, text: str, expected: str) -> None:
     with pytest.raises(SpecError) as caught:

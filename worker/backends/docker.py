@@ -187,11 +187,7 @@ class DockerBackend:
         code_dir = "" if spec.get("image") else FUNCTION_DIR
         if code_dir:
             mounts.append({"source": request.source_dir, "target": FUNCTION_DIR, "read_only": True})
-        config = InstanceConfig(
-            instance_id=request.instance_id, function=request.function, handler=spec["handler"],
-            source_dir=code_dir, options=spec.get("model") or {},
-            max_batch_size=spec["batching"]["max_batch_size"], max_wait_ms=spec["batching"]["max_wait_ms"],
-            warmup=spec.get("warmup"))
+        config = InstanceConfig.for_spec(request.instance_id, request.function, spec, code_dir)
         env = dict(spec.get("env") or {})
         env.update(injected)
         env.update({

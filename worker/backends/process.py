@@ -163,11 +163,7 @@ class ProcessBackend:
     @staticmethod
     def _config_json(request: StartInstance, source_dir: str) -> str:
         spec = request.spec
-        config = InstanceConfig(
-            instance_id=request.instance_id, function=request.function, handler=spec["handler"],
-            source_dir=source_dir, options=spec.get("model") or {},
-            max_batch_size=spec["batching"]["max_batch_size"], max_wait_ms=spec["batching"]["max_wait_ms"],
-            warmup=spec.get("warmup"))
+        config = InstanceConfig.for_spec(request.instance_id, request.function, spec, source_dir)
         return json.dumps(asdict(config))
 
     # ---- runtime pools ----

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 
@@ -48,10 +49,11 @@ WARMUP_FILE_LIMIT = 16 * 2**20
 
 def build_handler(source_dir: str, handler: str, options: dict[str, Any],
                   marks: dict[str, float] | None = None, *, device: str = "cpu",
-                  warmup: dict[str, Any] | None = None) -> Any:
+                  warmup: dict[str, Any] | None = None, adapt: Callable[[Any], Any] | None = None) -> Any:
     """Imports, initialises the GPU (when the instance has one), instantiates with ``options``,
-    calls ``load()`` once and runs the warm-up requests; records the wall-clock time each stage
-    ended in ``marks`` (``handler_imported``, ``device_ready``, ``loaded``, ``warmed``)."""
+    calls ``load()`` once, wraps the result in ``adapt`` when given and runs the warm-up requests
+    through it; records the wall-clock time each stage ended in ``marks`` (``handler_imported``,
+    ``device_ready``, ``loaded``, ``warmed``)."""
     marks = {} if marks is None else marks
     cls = import_handler(source_dir, handler)
     marks["handler_imported"] = time.time()
@@ -70,6 +72,8 @@ def build_handler(source_dir: str, handler: str, options: dict[str, Any],
         except Exception as exc:
             raise HandlerError(f"{handler}.load() failed: {type(exc).__name__}: {exc}") from exc
     marks["loaded"] = time.time()
+    if adapt is not None:
+        instance = adapt(instance)
     if warmup:
         run_warmup(instance, warmup, source_dir)
         marks["warmed"] = time.time()

@@ -1,11 +1,12 @@
 """The runtime server inside every instance: loads the handler once, serves batched inference.
 
-Routes: ``POST /infer`` (JSON in, the handler's JSON result out, with ``x-dilu-batch-size`` and
-``x-dilu-latency-ms`` headers), ``GET /health`` (200 only after ``load()`` succeeded, 503 while
-loading; its body has ``startup``: the wall-clock time each start-up stage ended -
-``process_start``, ``runtime_imported``, ``serving``, ``handler_imported``, ``loaded``, ``ready``),
-``GET /metrics`` (Prometheus: latency and batch-size histograms), ``GET /progress`` (the work
-units a batch-class handler reported with ``dilu.report_progress``, and when).
+Routes: ``POST /infer`` (JSON in, the handler's JSON result out; for a handler that takes arrays,
+a tensor frame in and out as well; with ``x-dilu-batch-size`` and ``x-dilu-latency-ms``
+headers), ``GET /health`` (200 only after ``load()`` succeeded, 503 while loading; its body
+has ``startup``: the wall-clock time each start-up stage ended - ``process_start``,
+``runtime_imported``, ``serving``, ``handler_imported``, ``loaded``, ``ready``), ``GET
+/metrics`` (Prometheus: latency and batch-size histograms), ``GET /progress`` (the work units a
+batch-class handler reported with ``dilu.report_progress``, and when).
 If import or ``load()`` fails, the error is printed as a final ``DILU-ERROR:`` line on stderr
 (the instance log) and the process exits with status 3, so the worker reports it instead of
 restarting in a loop.
@@ -16,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import os
 import signal
 import socket
@@ -36,8 +36,16 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 
 from dilu.handler import progress_units
-from dilu.instance_protocol import ERROR_MARKER, EXIT_LOAD_FAILED, LOADING_HEADER, InstanceConfig, route_prefix
+from dilu.instance_protocol import (
+    ERROR_MARKER,
+    EXIT_LOAD_FAILED,
+    LOADING_HEADER,
+    TENSOR_FRAME_TYPE,
+    InstanceConfig,
+    route_prefix,
+)
 from worker.instance.batcher import Batcher, BatchError
+from worker.instance.codec import codec_for, loads
 from worker.instance.gpu_requests import RequestSignal
 from worker.instance.loader import HandlerError, build_handler
 from worker.instance.metrics import InstanceMetrics
@@ -55,6 +63,7 @@ class RuntimeState:
         self.batcher: Batcher | None = None
         self.metrics = InstanceMetrics()
         self.gpu_requests = RequestSignal()
+        self.codec = codec_for(config, device)
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -68,10 +77,11 @@ def create_app(state: RuntimeState, lifespan: Callable[[Starlette], AbstractAsyn
             return JSONResponse({"error": "instance is still loading", "loading": True}, status_code=503,
                                 headers={LOADING_HEADER: "1"})
         body = await request.body()
+        framed = request.headers.get("content-type") == TENSOR_FRAME_TYPE
         try:
-            payload = json.loads(body)
+            payload = state.codec.read_frame(body) if framed else loads(body)
         except ValueError as exc:
-            return _error(400, f"request body is not valid JSON: {exc}")
+            return _error(400, f"request body is not valid {'tensor frame' if framed else 'JSON'}: {exc}")
         started = time.perf_counter()
         try:
             with state.gpu_requests.serving():
@@ -79,12 +89,12 @@ def create_app(state: RuntimeState, lifespan: Callable[[Starlette], AbstractAsyn
         except BatchError as exc:
             return _error(exc.status, f"invalid input: {exc}" if exc.status < 500 else f"handler error: {exc}")
         try:   # NaN and infinities are not JSON: a client's parser would refuse the answer
-            content = json.dumps(result.output, allow_nan=False)
+            content, media_type = state.codec.write(result.output, framed)
         except (TypeError, ValueError) as exc:
             return _error(500, f"handler returned a result that is not JSON-serialisable: {exc}")
         elapsed = time.perf_counter() - started
         state.metrics.observe(elapsed, result.batch_size)
-        return Response(content, media_type="application/json", headers={
+        return Response(content, media_type=media_type, headers={
             "x-dilu-batch-size": str(result.batch_size),
             "x-dilu-latency-ms": f"{elapsed * 1000:.3f}",
             "x-dilu-instance": state.config.instance_id,
@@ -137,7 +147,7 @@ async def _load_then_serve_batches(state: RuntimeState) -> None:
     try:
         handler = await loop.run_in_executor(executor, functools.partial(
             build_handler, config.source_dir, config.handler, config.options, state.marks,
-            device=state.device, warmup=config.warmup))
+            device=state.device, warmup=config.warmup, adapt=state.codec.adapt))
     except HandlerError as exc:
         traceback.print_exc()
         _fail(str(exc))

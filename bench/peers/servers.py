@@ -1,0 +1,116 @@
+"""The v2 servers users compare Dilu against, each in its own virtual environment and process.
+
+``start_kserve`` and ``start_mlserver`` create their environment on first use (a pinned
+``pip install`` into the bench cache, ``$XDG_CACHE_HOME/dilu-bench``), start the bench's row-sum
+model on free loopback ports and wait until it answers ready. A peer that cannot be installed or
+started is reported as skipped, with the reason, instead of failing the whole bench.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+HERE = Path(__file__).resolve().parent
+CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dilu-bench"
+KSERVE = "kserve==0.21.0"
+MLSERVER = "mlserver==1.7.1"
+
+
+class PeerUnavailable(Exception):
+    """The peer could not be installed or started here; the message says why."""
+
+
+@dataclass
+class Peer:
+    name: str
+    http: str          # host:port of its REST server
+    grpc: str          # host:port of its gRPC server
+    binary_rest: bool  # whether its REST server takes the binary tensor extension
+    process: subprocess.Popen
+    workdir: Path
+
+    def close(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def environment(name: str, requirement: str) -> Path:
+    """The python of a virtual environment holding ``requirement``, created once."""
+    folder = CACHE / name
+    python = folder / "bin" / "python"
+    marker = folder / ".installed"
+    if marker.exists() and marker.read_text() == requirement:
+        return python
+    shutil.rmtree(folder, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", str(folder)], check=True)
+    done = subprocess.run([str(python), "-m", "pip", "install", "-q", requirement], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise PeerUnavailable(f"pip install {requirement} failed: {done.stderr.strip().splitlines()[-1:]}")
+    marker.write_text(requirement)
+    return python
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for each in sockets:
+        each.bind(("127.0.0.1", 0))
+    ports = [each.getsockname()[1] for each in sockets]
+    for each in sockets:
+        each.close()
+    return ports
+
+
+def _wait_ready(peer: Peer, log: Path, timeout_s: float = 120) -> Peer:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if peer.process.poll() is not None:
+            raise PeerUnavailable(f"{peer.name} exited: {log.read_text()[-500:]}")
+        try:
+            if httpx.get(f"http://{peer.http}/v2/models/rowsums/ready", timeout=2).status_code == 200:
+                return peer
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    peer.close()
+    raise PeerUnavailable(f"{peer.name} was not ready within {timeout_s:g} s")
+
+
+def start_kserve() -> Peer:
+    python = environment("kserve", KSERVE)
+    http, grpc = _free_ports(2)
+    workdir = Path(tempfile.mkdtemp(prefix="dilu-bench-kserve-"))
+    log = workdir / "log"
+    process = subprocess.Popen([str(python), str(HERE / "kserve_rowsums.py"), f"--http_port={http}",
+                                f"--grpc_port={grpc}"], stdout=log.open("w"), stderr=subprocess.STDOUT)
+    return _wait_ready(Peer("KServe", f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", True, process, workdir), log)
+
+
+def start_mlserver() -> Peer:
+    python = environment("mlserver", MLSERVER)
+    http, grpc, metrics = _free_ports(3)
+    workdir = Path(tempfile.mkdtemp(prefix="dilu-bench-mlserver-"))
+    for name in ("model.py", "model-settings.json"):
+        shutil.copy(HERE / "mlserver_rowsums" / name, workdir / name)
+    # Inference in the server's own process (parallel_workers 0): its fastest setting for one client.
+    (workdir / "settings.json").write_text(json.dumps({
+        "host": "127.0.0.1", "http_port": http, "grpc_port": grpc, "metrics_port": metrics,
+        "parallel_workers": 0}))
+    log = workdir / "log"
+    process = subprocess.Popen([str(python.parent / "mlserver"), "start", str(workdir)], cwd=workdir,
+                               stdout=log.open("w"), stderr=subprocess.STDOUT)
+    return _wait_ready(Peer("MLServer", f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", False, process, workdir), log)

@@ -1,0 +1,101 @@
+"""The gateway's hot routes, served before the framework: invocations (``POST
+/v1/functions/{name}/invoke``) and inferences (``POST /v2/models/{name}[/versions/{v}]/infer``).
+
+FastAPI's middleware, routing and dependency machinery cost more CPU per request than the
+forwarding itself, so this ASGI wrapper takes these two routes straight to the code their
+documented FastAPI routes also call (``handle_invoke``, ``answer_infer``); every other request
+goes on to the app. It sits behind the key check (``AuthGate``), like the app.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from gateway.limits import BodyTooLarge
+from gateway.routes.invoke import handle_invoke
+from gateway.services import GatewayServices
+from gateway.v2.rest import answer_infer
+
+INVOKE_PREFIX, INVOKE_SUFFIX = "/v1/functions/", "/invoke"
+MODELS_PREFIX, INFER_SUFFIX = "/v2/models/", "/infer"
+VERSIONS = "/versions/"
+
+
+def _header(scope: dict, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+def _model_and_version(path: str) -> tuple[str, str | None] | None:
+    """(name, version) of an infer path, None for any other path."""
+    if not (path.startswith(MODELS_PREFIX) and path.endswith(INFER_SUFFIX)):
+        return None
+    name, _, version = path[len(MODELS_PREFIX):-len(INFER_SUFFIX)].partition(VERSIONS)
+    if not name or "/" in name or "/" in version or (VERSIONS in path and not version):
+        return None
+    return name, version or None
+
+
+async def _send(send: Callable, status: int, body: bytes, content_type: str, headers: dict[str, str]) -> None:
+    raw = [(b"content-type", content_type.encode("latin-1")), (b"content-length", str(len(body)).encode())]
+    raw += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+class FastPaths:
+    """ASGI wrapper: the two hot routes straight to their handlers; the rest to ``app``."""
+
+    def __init__(self, app: Any, services_of: Callable[[], GatewayServices]) -> None:
+        self.app = app
+        self._services_of = services_of
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            path: str = scope["path"]
+            if path.startswith(INVOKE_PREFIX) and path.endswith(INVOKE_SUFFIX):
+                name = path[len(INVOKE_PREFIX):-len(INVOKE_SUFFIX)]
+                if name and "/" not in name:
+                    await self._invoke(name, scope, receive, send)
+                    return
+            model = _model_and_version(path)
+            if model is not None:
+                await self._infer(*model, scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    async def _invoke(self, name: str, scope: dict, receive: Callable, send: Callable) -> None:
+        async def next_chunk() -> tuple[bytes, bool]:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return b"", False
+            return message.get("body", b""), message.get("more_body", False)
+
+        outcome = await handle_invoke(self._services_of(), name, next_chunk, _header(scope, b"content-length"))
+        await _send(send, outcome.status, outcome.body, outcome.content_type, outcome.headers)
+
+    async def _infer(self, name: str, version: str | None, scope: dict, receive: Callable, send: Callable) -> None:
+        declared = _header(scope, b"content-length")
+
+        async def read_body(limit: int) -> bytes:
+            if declared is not None and declared.isdigit() and int(declared) > limit:
+                raise BodyTooLarge
+            chunks, size, more = [], 0, True
+            while more:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    break
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limit:
+                    raise BodyTooLarge
+                chunks.append(chunk)
+                more = message.get("more_body", False)
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+        answer = await answer_infer(self._services_of(), name, version, read_body,
+                                    _header(scope, b"inference-header-content-length"))
+        await _send(send, answer.status, answer.body, answer.media_type, answer.headers)
