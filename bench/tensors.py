@@ -146,9 +146,14 @@ def handler_time(tensor: np.ndarray, calls: int = 50) -> float:
 
 
 def measure(senders: dict[str, Callable[[], object]], requests: int) -> dict[str, list[float]]:
-    """Seconds per request and path; the paths take turns, after one warm-up call each."""
-    for send in senders.values():
-        send()
+    """Seconds per request and path; the paths take turns, after one warm-up call each. A path
+    whose warm-up call fails is left out, with the reason."""
+    for path, send in list(senders.items()):
+        try:
+            send()
+        except Exception as exc:  # noqa: BLE001 - a peer's refusal is reported, not fatal
+            print(f"{'':>10} {path:>16} left out: {str(exc)[:150]}", flush=True)
+            del senders[path]
     samples: dict[str, list[float]] = {path: [] for path in senders}
     for _ in range(requests):
         for path, send in senders.items():
@@ -183,7 +188,7 @@ def report(text: str, samples: dict[str, list[float]], handler_s: float, peers: 
     for peer in peers:
         for ours, kind in COMPARED:
             theirs = f"{peer.name} {kind}"
-            if theirs in p50s:
+            if theirs in p50s and ours in p50s:
                 print(f"{text:>10} {'Dilu ' + ours + ' / ' + theirs:>44}: {p50s[ours] / p50s[theirs]:.2f}x p50")
 
 

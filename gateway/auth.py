@@ -162,8 +162,7 @@ class AuthGate:
         if scope["type"] == "http":
             services = self._services_of()
             if not services.auth.required and scope["path"] != "/healthz":
-                why = refusal(scope["method"], {k.decode("latin-1"): v.decode("latin-1")
-                                                for k, v in scope["headers"]})
+                why = refusal(scope["method"], _origin_headers(scope["headers"]))
                 if why is not None:
                     await _send_denied(send, Denied(403, why))
                     return
@@ -177,6 +176,14 @@ class AuthGate:
                 if services.auth.required:   # routes that show more to admins read it here
                     scope.setdefault("state", {})[SCOPES_KEY] = await services.auth.scopes(header)
         await self.app(scope, receive, send)
+
+
+_ORIGIN_HEADERS = frozenset({b"host", b"origin", b"sec-fetch-site"})
+
+
+def _origin_headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    """The headers the open platform's origin rule reads (not every header, on every request)."""
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in raw if k in _ORIGIN_HEADERS}
 
 
 async def _send_denied(send: Send, denied: Denied) -> None:

@@ -1,21 +1,30 @@
-"""Forwarding an invocation to an instance over pooled keep-alive connections.
+"""Forwarding an invocation to an instance over pooled keep-alive HTTP/1.1 connections.
 
-All aiohttp use lives here. The gateway's hot path uses aiohttp rather than httpx because
-httpx's connection pool collapses under concurrency: against one no-op instance, 32 concurrent
-callers got about 330 req/s through httpx and about 5,800 req/s through aiohttp on the same
-machine (see bench/gateway_overhead.py and the project notes).
+The gateway's busiest code: every request crosses it twice. It speaks only what Dilu's own
+instances answer (uvicorn's HTTP/1.1: a status, headers, a body by length or in chunks), parsed
+by httptools (the parser uvicorn uses), over connections kept per instance. A general client
+costs more per request than the proxying itself: against a no-op instance, aiohttp's session
+added 20-40 us of Python per request, and httpx's pool collapsed under concurrency (about 330
+req/s through it, 5,800 through aiohttp, at 32 callers). See bench/gateway_overhead.py.
 """
 
 from __future__ import annotations
 
-import socket
+import asyncio
+import functools
+import time
+from collections import defaultdict
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
-import aiohttp
+import httptools
 
 from dilu.instance_protocol import LOADING_HEADER
 
 PASSED_HEADERS = ("x-dilu-batch-size", "x-dilu-latency-ms", "x-dilu-instance", LOADING_HEADER)
+_PASSED = frozenset(name.encode() for name in PASSED_HEADERS)
+IDLE_S = 60.0     # an idle connection is dropped after this; instances keep theirs for 75 s
+MAX_IDLE_PER_INSTANCE = 256
 
 
 @dataclass(frozen=True)
@@ -38,35 +47,154 @@ class InstanceTimeout(Exception):
     """The instance did not answer in time."""
 
 
+@dataclass(frozen=True)
+class _Target:
+    host: str
+    port: int
+    path: bytes
+    authority: bytes
+
+
+@functools.lru_cache(maxsize=4096)
+def _target(url: str) -> _Target:
+    parts = urlsplit(url)
+    return _Target(parts.hostname or "127.0.0.1", parts.port or 80, (parts.path or "/").encode(),
+                   parts.netloc.encode())
+
+
+class _Connection(asyncio.Protocol):
+    """One kept-alive connection to an instance; one request at a time."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.closed = False
+        self.idle_since = 0.0
+        self._reply: asyncio.Future[Reply] | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self._status = 0
+        self._content_type = "application/json"
+        self._headers: dict[str, str] = {}
+        self._body: list[bytes] = []
+        self._keep = True
+
+    # asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(InstanceFailed(f"the instance's answer is not HTTP: {exc}"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._fail(InstanceFailed(f"connection closed by the instance{f': {exc}' if exc else ''}"))
+
+    # httptools callbacks
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        if name == b"content-type":
+            self._content_type = value.decode("latin-1")
+        elif name in _PASSED:
+            self._headers[name.decode("latin-1")] = value.decode("latin-1")
+        elif name == b"connection" and value.lower() == b"close":
+            self._keep = False
+
+    def on_headers_complete(self) -> None:
+        self._status = self.parser.get_status_code()
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        reply = Reply(self._status, body, self._content_type, self._headers)
+        if not (self._keep and self.parser.should_keep_alive()):
+            self.close()
+        self._reset()
+        if self._reply is not None and not self._reply.done():
+            self._reply.set_result(reply)
+
+    def _fail(self, exc: Exception) -> None:
+        if self._reply is not None and not self._reply.done():
+            self._reply.set_exception(exc)
+
+    def send(self, head: bytes, body: bytes) -> asyncio.Future[Reply]:
+        self._reply = asyncio.get_running_loop().create_future()
+        assert self.transport is not None
+        if len(body) <= 16384:
+            self.transport.write(head + body)
+        else:   # a large body goes as it is, not copied behind its head
+            self.transport.writelines((head, body))
+        return self._reply
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
 class Forwarder:
+    """POSTs bodies to instances; ``max_connections`` bounds the connections in use at once."""
+
     def __init__(self, max_connections: int = 1024) -> None:
-        self._max_connections = max_connections
-        self._session: aiohttp.ClientSession | None = None
+        self._slots = asyncio.Semaphore(max_connections)
+        self._idle: dict[tuple[str, int], list[_Connection]] = defaultdict(list)
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0,
-                                         keepalive_timeout=60, enable_cleanup_closed=True,
-                                         family=socket.AF_INET)
-        self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False,
-                                              skip_auto_headers=("User-Agent",))
+        """Nothing to open ahead: connections are made on first use."""
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for connections in self._idle.values():
+            for connection in connections:
+                connection.close()
+        self._idle.clear()
+
+    async def _connection(self, target: _Target) -> _Connection:
+        idle = self._idle[(target.host, target.port)]
+        now = time.monotonic()
+        while idle:
+            connection = idle.pop()
+            if not connection.closed and now - connection.idle_since < IDLE_S:
+                return connection
+            connection.close()
+        try:
+            _, connection = await asyncio.get_running_loop().create_connection(_Connection, target.host, target.port)
+        except OSError as exc:
+            raise NotDelivered(f"cannot connect to {target.host}:{target.port}: {exc.strerror or exc}") from exc
+        return connection
+
+    def _keep(self, target: _Target, connection: _Connection) -> None:
+        idle = self._idle[(target.host, target.port)]
+        if connection.closed or len(idle) >= MAX_IDLE_PER_INSTANCE:
+            connection.close()
+            return
+        connection.idle_since = time.monotonic()
+        idle.append(connection)
 
     async def post(self, url: str, body: bytes, timeout_s: float, content_type: str = "application/json") -> Reply:
-        assert self._session is not None, "Forwarder.start() was not awaited"
-        try:
-            async with self._session.post(url, data=body, headers={"content-type": content_type},
-                                          timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
-                content = await response.read()
-                headers = {key: response.headers[key] for key in PASSED_HEADERS if key in response.headers}
-                return Reply(response.status, content, response.headers.get("content-type", "application/json"),
-                             headers)
-        except aiohttp.ClientConnectorError as exc:
-            raise NotDelivered(str(exc)) from exc
-        except TimeoutError as exc:
-            raise InstanceTimeout(str(exc)) from exc
-        except aiohttp.ClientError as exc:
-            raise InstanceFailed(type(exc).__name__) from exc
+        """The instance's reply to ``body`` POSTed to ``url``; ``NotDelivered`` when no connection
+        could be made, ``InstanceTimeout`` after ``timeout_s``, ``InstanceFailed`` when the
+        connection broke after the request was sent."""
+        target = _target(url)
+        head = b"POST %s HTTP/1.1\r\nhost: %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n" % (
+            target.path, target.authority, content_type.encode("latin-1"), len(body))
+        async with self._slots:
+            connection = await self._connection(target)
+            done = False
+            try:
+                async with asyncio.timeout(timeout_s):
+                    reply = await connection.send(head, body)
+                done = True
+            except TimeoutError as exc:
+                raise InstanceTimeout(f"no answer within {timeout_s:g}s") from exc
+            finally:
+                if done:
+                    self._keep(target, connection)
+                else:   # a reply may still be on its way: this connection cannot carry another request
+                    connection.close()
+            return reply

@@ -9,6 +9,7 @@ Clients that are not browsers (the CLI, curl, SDKs) send no ``Origin`` and are u
 
 from __future__ import annotations
 
+import functools
 from urllib.parse import urlsplit
 
 from dilu.addresses import is_loopback
@@ -30,11 +31,17 @@ def _host_name(authority: str) -> str:
     return authority
 
 
+@functools.lru_cache(maxsize=256)
+def _names_loopback(host: str) -> bool:
+    """Whether a Host header names this machine only (asked on every request, of a few values)."""
+    return is_loopback(_host_name(host))
+
+
 def refusal(method: str, headers: dict[str, str]) -> str | None:
     """Why an open platform refuses this request (None: it may proceed). ``headers``: lower-case
     names. Checked for every route; the origin rule for state-changing methods only."""
     host = headers.get("host", "")
-    if not host or not is_loopback(_host_name(host)):
+    if not host or not _names_loopback(host):
         return (f"this platform has no API key, so it answers only requests addressed to a loopback name "
                 f"(localhost, 127.0.0.1, [::1]), not {host[:100]!r}: create a key "
                 "(`dilu keys create NAME --scope admin`) to serve other names")

@@ -1,4 +1,5 @@
-"""The v2 servers users compare Dilu against, each in its own virtual environment and process.
+"""The servers users compare Dilu against: the v2 model servers, each in its own virtual
+environment and process, and nginx as the reverse proxy.
 
 ``start_kserve`` and ``start_mlserver`` create their environment on first use (a pinned
 ``pip install`` into the bench cache, ``$XDG_CACHE_HOME/dilu-bench``), start the bench's row-sum
@@ -25,6 +26,7 @@ HERE = Path(__file__).resolve().parent
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dilu-bench"
 KSERVE = "kserve==0.21.0"
 MLSERVER = "mlserver==1.7.1"
+GRPC_MESSAGE_BYTES = 64 * 2**20   # as Dilu's bench allows: a batch of images is past gRPC's 4 MiB default
 
 
 class PeerUnavailable(Exception):
@@ -96,7 +98,9 @@ def start_kserve() -> Peer:
     workdir = Path(tempfile.mkdtemp(prefix="dilu-bench-kserve-"))
     log = workdir / "log"
     process = subprocess.Popen([str(python), str(HERE / "kserve_rowsums.py"), f"--http_port={http}",
-                                f"--grpc_port={grpc}"], stdout=log.open("w"), stderr=subprocess.STDOUT)
+                                f"--grpc_port={grpc}", f"--grpc_max_send_message_length={GRPC_MESSAGE_BYTES}",
+                                f"--grpc_max_receive_message_length={GRPC_MESSAGE_BYTES}"],
+                               stdout=log.open("w"), stderr=subprocess.STDOUT)
     return _wait_ready(Peer("KServe", f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", True, process, workdir), log)
 
 
@@ -109,8 +113,78 @@ def start_mlserver() -> Peer:
     # Inference in the server's own process (parallel_workers 0): its fastest setting for one client.
     (workdir / "settings.json").write_text(json.dumps({
         "host": "127.0.0.1", "http_port": http, "grpc_port": grpc, "metrics_port": metrics,
-        "parallel_workers": 0}))
+        "parallel_workers": 0, "grpc_max_message_length": GRPC_MESSAGE_BYTES}))
     log = workdir / "log"
     process = subprocess.Popen([str(python.parent / "mlserver"), "start", str(workdir)], cwd=workdir,
                                stdout=log.open("w"), stderr=subprocess.STDOUT)
     return _wait_ready(Peer("MLServer", f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", False, process, workdir), log)
+
+
+NGINX_CONF = """worker_processes 1;
+daemon off;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    keepalive_requests 10000000;   # the load generator's clients keep one connection each
+    client_body_temp_path {dir}/body;
+    proxy_temp_path {dir}/proxy;
+    fastcgi_temp_path {dir}/fastcgi;
+    uwsgi_temp_path {dir}/uwsgi;
+    scgi_temp_path {dir}/scgi;
+    upstream instance {{ server {host}:{port}; keepalive 256; keepalive_requests 10000000; }}
+    server {{
+        listen 127.0.0.1:{listen};
+        client_max_body_size 64m;
+        location / {{
+            proxy_pass http://instance{prefix}/;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }}
+    }}
+}}
+"""
+
+
+@dataclass
+class Proxy:
+    url: str
+    process: subprocess.Popen
+    workdir: Path
+
+    def close(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def start_nginx(upstream: str) -> Proxy:
+    """nginx (one worker process, as the gateway is one process) proxying to ``upstream``
+    (``http://host:port/prefix``) over kept-alive connections, without access logs."""
+    binary = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+    if binary is None:
+        raise PeerUnavailable("nginx is not installed (apt-get install nginx-light)")
+    parsed = httpx.URL(upstream)
+    (listen,) = _free_ports(1)
+    workdir = Path(tempfile.mkdtemp(prefix="dilu-bench-nginx-"))
+    workdir.chmod(0o777)    # a master started as root runs its worker as nobody, who writes temp files here
+    conf = workdir / "nginx.conf"
+    conf.write_text(NGINX_CONF.format(dir=workdir, host=parsed.host, port=parsed.port, listen=listen,
+                                      prefix=parsed.path.rstrip("/")))
+    process = subprocess.Popen([binary, "-c", str(conf), "-e", str(workdir / "error.log")],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise PeerUnavailable(f"nginx exited: {(workdir / 'error.log').read_text()[-300:]}")
+        try:
+            socket.create_connection(("127.0.0.1", listen), 1).close()
+            return Proxy(f"http://127.0.0.1:{listen}", process, workdir)
+        except OSError:
+            time.sleep(0.05)
+    process.kill()
+    raise PeerUnavailable("nginx did not listen within 20 s")

@@ -65,7 +65,8 @@ async def serve_gateway(settings: GatewaySettings, sock: socket.socket, on_ready
                         build: Callable[[], Awaitable[GatewayServices]], background: list[asyncio.Task]) -> None:
     """Serves the gateway app on ``sock`` (with gRPC beside it) until it is told to stop."""
     app = create_asgi(build)
-    server = http_server(app, timeout_graceful_shutdown=10, timeout_keep_alive=KEEP_ALIVE_S)
+    # No proxy-header rewriting: the gateway reads no client address, and it costs every request.
+    server = http_server(app, timeout_graceful_shutdown=10, timeout_keep_alive=KEEP_ALIVE_S, proxy_headers=False)
     await serve(server, sock, settings.host, on_ready, background, grpc_beside(settings, app.services_of))
 
 
