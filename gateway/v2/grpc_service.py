@@ -4,7 +4,7 @@ The service and its messages come from ``tritonclient.grpc`` (``service_pb2`` an
 ``service_pb2_grpc``: the KServe v2 ``GRPCInferenceService`` with Triton's additions), so
 clients built on that definition work unchanged. Implemented: ServerLive, ServerReady,
 ServerMetadata, ModelReady, ModelMetadata and ModelInfer; the rest (model repository, shared
-memory, statistics, tracing, streaming) answer UNIMPLEMENTED. Keys travel as the
+memory with its reason, statistics, tracing, streaming) answer UNIMPLEMENTED. Keys travel as the
 ``authorization`` metadata, with the same scopes as the REST routes.
 """
 
@@ -25,7 +25,16 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from dilu.keys import Need
 from gateway.services import GatewayServices
-from gateway.v2.inference import EXTENSIONS, SERVER_NAME, Inference, Model, ProtocolError, find_model, infer
+from gateway.v2.inference import (
+    EXTENSIONS,
+    NO_SHARED_MEMORY,
+    SERVER_NAME,
+    Inference,
+    Model,
+    ProtocolError,
+    find_model,
+    infer,
+)
 from gateway.v2.rest import VERSION
 from gateway.v2.tensors import TensorError, check_header, element_count, from_binary, from_json, to_binary
 
@@ -129,6 +138,12 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return service_pb2.ModelMetadataResponse(
             name=meta["name"], versions=meta["versions"], platform=meta["platform"],
             inputs=[tensor(**t) for t in meta["inputs"]], outputs=[tensor(**t) for t in meta["outputs"]])
+
+    async def _no_shared_memory(self, request: object, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, NO_SHARED_MEMORY)
+
+    SystemSharedMemoryStatus = SystemSharedMemoryRegister = SystemSharedMemoryUnregister = _no_shared_memory
+    CudaSharedMemoryStatus = CudaSharedMemoryRegister = CudaSharedMemoryUnregister = _no_shared_memory
 
     async def ModelInfer(self, request: service_pb2.ModelInferRequest,
                          context: grpc.aio.ServicerContext) -> service_pb2.ModelInferResponse:

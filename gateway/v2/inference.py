@@ -25,6 +25,9 @@ from gateway.services import FunctionEntry, GatewayServices
 from gateway.v2.tensors import TensorError, from_handler, handler_body
 
 SERVER_NAME = "dilu"
+NO_SHARED_MEMORY = ("shared memory is not served: a model's instances run apart from the gateway (another "
+                    "process, container or host), so a region here would save no copy, and a region named by "
+                    "the caller could be another tenant's; send the tensors as binary data")
 EXTENSIONS = ["binary_tensor_data"]
 
 

@@ -19,7 +19,7 @@ from gateway.docs import AUTH_ERRORS, SECURED, errors
 from gateway.errors import error_response
 from gateway.limits import BodyTooLarge, read_capped
 from gateway.services import GatewayServices
-from gateway.v2.inference import EXTENSIONS, SERVER_NAME, ProtocolError, find_model, infer
+from gateway.v2.inference import EXTENSIONS, NO_SHARED_MEMORY, SERVER_NAME, ProtocolError, find_model, infer
 from gateway.v2.rest_wire import HEADER_LENGTH, decode_request, encode_response
 
 router = APIRouter(prefix="/v2", tags=["inference protocol (v2)"])
@@ -85,6 +85,13 @@ class InferenceResponse(BaseModel):
 
 def _answer(exc: ProtocolError) -> JSONResponse:
     return error_response(exc.status, exc.message, {"retry-after": "1"} if exc.status == 429 else None)
+
+
+@router.api_route("/systemsharedmemory{rest:path}", methods=["GET", "POST"], include_in_schema=False)
+@router.api_route("/cudasharedmemory{rest:path}", methods=["GET", "POST"], include_in_schema=False)
+def shared_memory(rest: str) -> JSONResponse:
+    """The shared-memory extensions' routes: refused with the reason (docs/protocols.md)."""
+    return error_response(400, NO_SHARED_MEMORY)
 
 
 @router.get("", response_model=ServerMetadata)

@@ -91,6 +91,9 @@ def test_tritonclient_http(iris) -> None:
     wrong_shape.set_data_from_numpy(FLOWERS[:1, :3])
     with pytest.raises(InferenceServerException, match=r"shape \[1, 3\] does not fit the declared shape \[-1, 4\]"):
         client.infer("iris", [wrong_shape])
+    with pytest.raises(InferenceServerException, match="shared memory is not served") as refused:
+        client.register_system_shared_memory("region", "/dilu-test", 64)
+    assert refused.value.status() == "400"
     client.close()
 
 
@@ -161,6 +164,9 @@ def test_tritonclient_grpc(iris) -> None:
     with pytest.raises(InferenceServerException, match="does not fit the declared shape") as bad:
         client.infer("iris", [wrong])
     assert bad.value.status() == "StatusCode.INVALID_ARGUMENT"
+    with pytest.raises(InferenceServerException, match="shared memory is not served") as refused:
+        client.register_system_shared_memory("region", "/dilu-test", 64)
+    assert refused.value.status() == "StatusCode.UNIMPLEMENTED"
     client.close()
 
 
