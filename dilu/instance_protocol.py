@@ -58,6 +58,7 @@ class InstanceConfig:
     arrays: str | None = None   # "numpy" or "torch": the handler takes and returns arrays
     inputs: dict[str, str] | None = None    # declared tensors, name -> datatype (for arrays)
     outputs: dict[str, str] | None = None
+    shapes: dict[str, list[int]] | None = None   # declared input shapes (-1: any size), checked on JSON input
 
     @classmethod
     def for_spec(cls, instance_id: str, function: str, spec: Mapping[str, Any], source_dir: str) -> InstanceConfig:
@@ -69,7 +70,8 @@ class InstanceConfig:
                    options=spec.get("model") or {}, max_batch_size=spec["batching"]["max_batch_size"],
                    max_wait_ms=spec["batching"]["max_wait_ms"], warmup=spec.get("warmup"),
                    arrays=spec.get("arrays"), inputs=declared(spec.get("inputs")),
-                   outputs=declared(spec.get("outputs")))
+                   outputs=declared(spec.get("outputs")),
+                   shapes={t["name"]: list(t["shape"]) for t in spec.get("inputs") or []} or None)
 
     @classmethod
     def from_file(cls, path: str) -> InstanceConfig:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
@@ -115,3 +116,19 @@ def test_nan_and_infinities_reach_a_handler_of_arrays_and_are_refused_for_one_of
     else:                                     # the handler takes JSON, which has no NaN
         with pytest.raises(InferenceServerException, match="input 'fp32': element 0 is nan"):
             client.infer(echo.name, inputs)
+
+
+def test_v1_json_reaches_either_handler_and_a_shape_is_checked_for_one_of_arrays(echo) -> None:
+    sent = {datatype.lower(): array.tolist() for datatype, array in _tensors(5).items()
+            if datatype not in ("BYTES", "FP16")}
+    sent["bytes"] = [["a", "b"]]
+    sent["fp16"] = [[0.5, -2.0]]
+    reply = httpx.post(f"{echo.url}/v1/functions/{echo.name}/invoke", json=sent, timeout=60)
+    assert reply.status_code == 200, reply.text
+    assert {name.removesuffix("_out"): value for name, value in reply.json().items()} == sent
+    flat = httpx.post(f"{echo.url}/v1/functions/{echo.name}/invoke", json={**sent, "int8": [1, 2]}, timeout=60)
+    if echo.name == "tensor-echo-arrays":    # the instance holds the declared shapes
+        assert flat.status_code == 422
+        assert "input 'int8': shape [2] does not fit the declared shape [-1, -1]" in flat.json()["error"]
+    else:                                    # a handler of lists checks for itself
+        assert flat.status_code == 200

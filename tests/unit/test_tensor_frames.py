@@ -103,6 +103,8 @@ def test_json_requests_become_arrays_of_the_declared_datatype() -> None:
         from_json({"y": [1]}, {"x": "FP32"})
     with pytest.raises(InputError, match="not a FP32 tensor"):
         from_json({"x": [["a"]]}, {"x": "FP32"})
+    with pytest.raises(InputError, match=r"shape \[1, 1\] does not fit the declared shape \[-1, 3\]"):
+        from_json({"x": [[1]]}, {"x": "FP32"}, {"x": [-1, 3]})
 
 
 def test_an_output_without_the_batchs_rows_is_an_error_naming_it() -> None:

@@ -18,9 +18,9 @@ from dilu.tensor_frames import NUMPY_TYPES, Tensor
 Arrays = dict[str, np.ndarray]
 
 
-def from_json(payload: Any, inputs: dict[str, str]) -> Arrays:
+def from_json(payload: Any, inputs: dict[str, str], shapes: dict[str, list[int]] | None = None) -> Arrays:
     """A JSON request (``{input name: nested list}``, as ``/v1`` and warm-ups send it) as arrays
-    of the declared datatypes; ``InputError`` names what does not fit."""
+    of the declared datatypes and ``shapes`` (-1: any size); ``InputError`` names what does not fit."""
     if not isinstance(payload, dict):
         raise InputError(f"the request must be an object of inputs by name ({', '.join(inputs)})")
     missing = inputs.keys() - payload.keys()
@@ -40,6 +40,11 @@ def from_json(payload: Any, inputs: dict[str, str]) -> Arrays:
                 arrays[name] = np.array(value, dtype=NUMPY_TYPES[datatype])
         except (ValueError, TypeError, OverflowError) as exc:
             raise InputError(f"input {name!r} is not a {datatype} tensor: {exc}") from None
+        declared = (shapes or {}).get(name)
+        actual = arrays[name].shape
+        if declared is not None and (len(declared) != len(actual)
+                                     or any(d not in (-1, a) for d, a in zip(declared, actual, strict=True))):
+            raise InputError(f"input {name!r}: shape {list(actual)} does not fit the declared shape {declared}")
     return arrays
 
 
@@ -47,16 +52,17 @@ class ArrayHandler:
     """Wraps a handler that takes arrays in the runtime's ``predict(list) -> list`` contract."""
 
     def __init__(self, handler: Any, inputs: dict[str, str], outputs: dict[str, str], kind: str = "numpy",
-                 device: str = "cpu") -> None:
+                 device: str = "cpu", shapes: dict[str, list[int]] | None = None) -> None:
         self._handler = handler
         self._inputs = inputs
+        self._shapes = shapes
         self._outputs = outputs
         self._torch = kind == "torch"
         self._device = device
 
     def predict(self, requests: list[Arrays | Any]) -> list[Arrays]:
         """One result per request, in order; a request may be arrays or its JSON form."""
-        requests = [r if _all_arrays(r, self._inputs) else from_json(r, self._inputs) for r in requests]
+        requests = [r if _all_arrays(r, self._inputs) else from_json(r, self._inputs, self._shapes) for r in requests]
         results: list[Arrays | None] = [None] * len(requests)
         for group in _groups(requests):
             for position, result in zip(group, self._run([requests[p] for p in group]), strict=True):

@@ -47,11 +47,12 @@ class ArrayCodec:
         self._device = device
         self._inputs = config.inputs or {}
         self._outputs = config.outputs or {}
+        self._shapes = config.shapes
 
     def adapt(self, handler: Any) -> Any:
         from worker.instance.arrays import ArrayHandler
 
-        return ArrayHandler(handler, self._inputs, self._outputs, self._kind, self._device)
+        return ArrayHandler(handler, self._inputs, self._outputs, self._kind, self._device, self._shapes)
 
     def read_frame(self, body: bytes) -> dict[str, Any]:
         tensors = self._frames.decode(body)
