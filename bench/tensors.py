@@ -104,28 +104,30 @@ class Poster:
         self._connection = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=120)
         self._prefix = parsed.path.rstrip("/")
 
-    def post(self, path: str, body: bytes, content_type: str) -> tuple[int, bytes]:
-        self._connection.request("POST", self._prefix + path, body=body, headers={"content-type": content_type})
+    def post(self, path: str, body: bytes | memoryview, headers: dict[str, str]) -> tuple[int, bytes, str | None]:
+        """(status, body, the tensor frame header if any)."""
+        self._connection.request("POST", self._prefix + path, body=body, headers=headers)
         reply = self._connection.getresponse()
-        return reply.status, reply.read()
+        return reply.status, reply.read(), reply.getheader(frames.HEADER)
 
 
 def _dilu_senders(platform: Platform, endpoint: str, tensor: np.ndarray) -> dict[str, Callable[[], object]]:
     expected = tensor.sum(axis=1)
     gateway, direct = Poster(platform.url), Poster(endpoint)
     json_body = json.dumps({"x": tensor.tolist()}).encode()
-    frame = frames.encode([frames.Tensor("x", "FP32", tensor)])
+    header, frame = frames.encode([frames.Tensor("x", "FP32", tensor)])
 
     def v1() -> object:
-        status, body = gateway.post("/v1/functions/rowsums/invoke", json_body, "application/json")
+        status, body, _ = gateway.post("/v1/functions/rowsums/invoke", json_body, JSON_HEADERS)
         assert status == 200, body[:200]
         _checked(np.array(json.loads(body)["sums"]), expected)
         return body
 
     def instance() -> object:
-        status, body = direct.post("/infer", frame, frames.MEDIA_TYPE)
+        status, body, tensors = direct.post("/infer", frame, {"content-type": frames.MEDIA_TYPE,
+                                                             frames.HEADER: header})
         assert status == 200, body[:200]
-        _checked(frames.decode(body)[0].array, expected)
+        _checked(frames.decode(tensors, body)[0].array, expected)
         return body
 
     return {"instance": instance, "/v1 JSON": v1,

@@ -41,6 +41,7 @@ EXIT_LOAD_FAILED = 3
 ERROR_MARKER = "DILU-ERROR: "
 LOADING_HEADER = "x-dilu-loading"
 TENSOR_FRAME_TYPE = "application/vnd.dilu.tensors"   # the body of dilu.tensor_frames
+TENSORS_HEADER = "x-dilu-tensors"                    # and its header
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,11 @@
 
 A function that takes arrays (``arrays:`` in its spec) receives inference-protocol requests in
 this frame instead of JSON, so an image crosses each hop as its raw bytes and reaches the
-handler as an array over the request's own buffer. The frame is a 4-byte little-endian length,
-a JSON header of that length (``[{"name", "datatype", "shape", "size"}]``), then each tensor's
-bytes in header order: little-endian elements, or for BYTES each element prefixed by its 4-byte
-little-endian length, as in the protocol's binary extension.
+handler as an array over the request's own buffer. The frame's header, a JSON list
+``[{"name", "datatype", "shape", "size"}]``, travels in the HTTP header ``x-dilu-tensors``; the
+body is each tensor's bytes in header order: little-endian elements, or for BYTES each element
+prefixed by its 4-byte little-endian length, as in the protocol's binary extension. With the
+header out of the body, one tensor's body is the tensor's own memory, sent without a copy.
 
 Instances import this module, so it needs the standard library and numpy only.
 """
@@ -20,11 +21,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dilu.instance_protocol import TENSOR_FRAME_TYPE
+from dilu.instance_protocol import TENSOR_FRAME_TYPE, TENSORS_HEADER
 
 MEDIA_TYPE = TENSOR_FRAME_TYPE
+HEADER = TENSORS_HEADER
 MAX_TENSORS = 256
-MAX_HEADER_BYTES = 64 * 1024
+MAX_HEADER_BYTES = 60 * 1024   # within what HTTP servers take in one header
 NUMPY_TYPES: dict[str, np.dtype] = {
     "BOOL": np.dtype(np.bool_), "UINT8": np.dtype("<u1"), "UINT16": np.dtype("<u2"),
     "UINT32": np.dtype("<u4"), "UINT64": np.dtype("<u8"), "INT8": np.dtype("<i1"),
@@ -94,16 +96,17 @@ def array_of(datatype: str, shape: list[int], raw: bytes | memoryview, name: str
     return np.frombuffer(raw, dtype=dtype).reshape(shape)
 
 
-def encode(tensors: Iterable[Tensor]) -> bytes:
-    """One frame holding ``tensors`` (one copy of their bytes, into the body)."""
+def encode(tensors: Iterable[Tensor]) -> tuple[str, bytes | memoryview]:
+    """(header, body) of a frame holding ``tensors``. The body of one numeric tensor is a view of
+    its array (no copy); several are joined (one copy)."""
     header, blobs = [], []
     for tensor in tensors:
         blob = raw_bytes(tensor.datatype, tensor.array)
         header.append({"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.array.shape),
                        "size": len(blob) if isinstance(blob, bytes) else blob.nbytes})
         blobs.append(blob)
-    text = json.dumps(header, separators=(",", ":")).encode()
-    return b"".join([_LENGTH.pack(len(text)), text, *blobs])
+    body = blobs[0] if len(blobs) == 1 else b"".join(blobs)
+    return json.dumps(header, separators=(",", ":")), body
 
 
 def _entry(item: object, position: int) -> tuple[str, str, list[int], int]:
@@ -120,22 +123,21 @@ def _entry(item: object, position: int) -> tuple[str, str, list[int], int]:
     return name, datatype, shape, size
 
 
-def decode(body: bytes | memoryview) -> list[Tensor]:
+def decode(header: str | None, body: bytes | memoryview) -> list[Tensor]:
     """The tensors of a frame, each an array over ``body``; ``FrameError`` names what is malformed."""
-    view = memoryview(body)
-    if len(view) < 4:
-        raise FrameError("the tensor frame is shorter than its 4-byte header length")
-    (length,) = _LENGTH.unpack_from(view, 0)
-    if length > MAX_HEADER_BYTES or 4 + length > len(view):
-        raise FrameError(f"the tensor frame's header length {length} does not fit the body")
+    if header is None:
+        raise FrameError(f"the tensor frame has no {HEADER} header")
+    if len(header) > MAX_HEADER_BYTES:
+        raise FrameError(f"the tensor frame's header is longer than {MAX_HEADER_BYTES} bytes")
     try:
-        header = json.loads(bytes(view[4:4 + length]))
+        entries = json.loads(header)
     except ValueError as exc:
         raise FrameError(f"the tensor frame's header is not JSON: {exc}") from None
-    if not isinstance(header, list) or len(header) > MAX_TENSORS:
+    if not isinstance(entries, list) or len(entries) > MAX_TENSORS:
         raise FrameError(f"the tensor frame's header must list at most {MAX_TENSORS} tensors")
-    tensors, offset, names = [], 4 + length, set()
-    for position, item in enumerate(header):
+    view = memoryview(body).cast("B") if not isinstance(body, bytes) else memoryview(body)
+    tensors, offset, names = [], 0, set()
+    for position, item in enumerate(entries):
         name, datatype, shape, size = _entry(item, position)
         if name in names:
             raise FrameError(f"tensor {name!r} appears twice in the frame")

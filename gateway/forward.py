@@ -19,10 +19,11 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from dilu.instance_protocol import LOADING_HEADER
+from dilu.instance_protocol import LOADING_HEADER, TENSORS_HEADER
 
 PASSED_HEADERS = ("x-dilu-batch-size", "x-dilu-latency-ms", "x-dilu-instance", LOADING_HEADER)
 _PASSED = frozenset(name.encode() for name in PASSED_HEADERS)
+_TENSORS = TENSORS_HEADER.encode()
 IDLE_S = 60.0     # an idle connection is dropped after this; instances keep theirs for 75 s
 MAX_IDLE_PER_INSTANCE = 256
 
@@ -32,7 +33,8 @@ class Reply:
     status: int
     body: bytes
     content_type: str
-    headers: dict[str, str]
+    headers: dict[str, str]        # those passed on to the caller (PASSED_HEADERS)
+    tensors: str | None = None     # a tensor frame's header (dilu.tensor_frames)
 
 
 class NotDelivered(Exception):
@@ -77,6 +79,7 @@ class _Connection(asyncio.Protocol):
         self._status = 0
         self._content_type = "application/json"
         self._headers: dict[str, str] = {}
+        self._tensors: str | None = None
         self._body: list[bytes] = []
         self._keep = True
 
@@ -101,6 +104,8 @@ class _Connection(asyncio.Protocol):
             self._content_type = value.decode("latin-1")
         elif name in _PASSED:
             self._headers[name.decode("latin-1")] = value.decode("latin-1")
+        elif name == _TENSORS:
+            self._tensors = value.decode("latin-1")
         elif name == b"connection" and value.lower() == b"close":
             self._keep = False
 
@@ -112,7 +117,7 @@ class _Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
-        reply = Reply(self._status, body, self._content_type, self._headers)
+        reply = Reply(self._status, body, self._content_type, self._headers, self._tensors)
         if not (self._keep and self.parser.should_keep_alive()):
             self.close()
         self._reset()
@@ -123,11 +128,11 @@ class _Connection(asyncio.Protocol):
         if self._reply is not None and not self._reply.done():
             self._reply.set_exception(exc)
 
-    def send(self, head: bytes, body: bytes) -> asyncio.Future[Reply]:
+    def send(self, head: bytes, body: bytes | memoryview) -> asyncio.Future[Reply]:
         self._reply = asyncio.get_running_loop().create_future()
         assert self.transport is not None
         if len(body) <= 16384:
-            self.transport.write(head + body)
+            self.transport.write(b"".join((head, body)))
         else:   # a large body goes as it is, not copied behind its head
             self.transport.writelines((head, body))
         return self._reply
@@ -176,13 +181,15 @@ class Forwarder:
         connection.idle_since = time.monotonic()
         idle.append(connection)
 
-    async def post(self, url: str, body: bytes, timeout_s: float, content_type: str = "application/json") -> Reply:
-        """The instance's reply to ``body`` POSTed to ``url``; ``NotDelivered`` when no connection
-        could be made, ``InstanceTimeout`` after ``timeout_s``, ``InstanceFailed`` when the
-        connection broke after the request was sent."""
+    async def post(self, url: str, body: bytes | memoryview, timeout_s: float,
+                   content_type: str = "application/json", tensors: str | None = None) -> Reply:
+        """The instance's reply to ``body`` POSTed to ``url`` (``tensors``: the header of a tensor
+        frame); ``NotDelivered`` when no connection could be made, ``InstanceTimeout`` after
+        ``timeout_s``, ``InstanceFailed`` when the connection broke after the request was sent."""
         target = _target(url)
-        head = b"POST %s HTTP/1.1\r\nhost: %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n" % (
-            target.path, target.authority, content_type.encode("latin-1"), len(body))
+        extra = b"" if tensors is None else b"%s: %s\r\n" % (_TENSORS, tensors.encode("latin-1"))
+        head = b"POST %s HTTP/1.1\r\nhost: %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n%s\r\n" % (
+            target.path, target.authority, content_type.encode("latin-1"), len(body), extra)
         async with self._slots:
             connection = await self._connection(target)
             done = False

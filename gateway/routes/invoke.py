@@ -39,6 +39,7 @@ class Outcome:
     headers: dict[str, str] = field(default_factory=dict)
     content_type: str = "application/json"
     queued_s: float = 0.0      # how long it waited for an instance (a cold start)
+    tensors: str | None = None     # the header of an answer in a tensor frame
 
 
 class _TooLarge(Exception):
@@ -49,7 +50,7 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
     return Outcome(status, json.dumps({"error": message}).encode(), headers or {})
 
 
-async def _read_body(next_chunk: BodyChunks, declared: str | None, limit: int) -> bytes:
+async def _read_body(next_chunk: BodyChunks, declared: str | None, limit: int) -> bytes | memoryview:
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise _TooLarge
     chunks, size, more = [], 0, True
@@ -59,7 +60,7 @@ async def _read_body(next_chunk: BodyChunks, declared: str | None, limit: int) -
         if size > limit:
             raise _TooLarge
         chunks.append(chunk)
-    return b"".join(chunks)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)   # one chunk (a frame's view) is not copied
 
 
 class _MetricsCache:
@@ -85,14 +86,15 @@ _METRICS = _MetricsCache()
 
 async def handle_invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
                         content_length: str | None, max_bytes: int | None = None,
-                        from_workflow: bool = False, content_type: str = JSON) -> Outcome:
+                        from_workflow: bool = False, content_type: str = JSON, tensors: str | None = None) -> Outcome:
     """One invocation, start to end. ``max_bytes``: the body's limit when not the setting's (the
     inference protocol bounds its own wire format and hands over the body it made).
     ``from_workflow``: a workflow's node (not a direct request, which keeps the function loaded).
     ``content_type``: JSON, or the tensor frame the inference protocol makes for a function that
-    takes arrays (checked as it was made, so not parsed here)."""
+    takes arrays (checked as it was made, so not parsed here), with its header ``tensors``."""
     started = time.perf_counter()
-    outcome = await _invoke(services, name, next_chunk, content_length, max_bytes, from_workflow, content_type)
+    outcome = await _invoke(services, name, next_chunk, content_length, max_bytes, from_workflow, content_type,
+                            tensors)
     elapsed = time.perf_counter() - started
     _METRICS.observe(name, outcome.status, elapsed)
     if outcome.status < 400:
@@ -102,8 +104,8 @@ async def handle_invoke(services: GatewayServices, name: str, next_chunk: BodyCh
     return outcome
 
 
-async def invoke_body(services: GatewayServices, name: str, body: bytes, max_bytes: int | None = None,
-                      from_workflow: bool = False, content_type: str = JSON) -> Outcome:
+async def invoke_body(services: GatewayServices, name: str, body: bytes | memoryview, max_bytes: int | None = None,
+                      from_workflow: bool = False, content_type: str = JSON, tensors: str | None = None) -> Outcome:
     """One invocation of a body already in memory (what the inference protocol and workflows
     hand over)."""
     sent = False
@@ -115,12 +117,12 @@ async def invoke_body(services: GatewayServices, name: str, body: bytes, max_byt
         sent = True
         return body, False
 
-    return await handle_invoke(services, name, next_chunk, None, max_bytes, from_workflow, content_type)
+    return await handle_invoke(services, name, next_chunk, None, max_bytes, from_workflow, content_type, tensors)
 
 
 async def _invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
                   content_length: str | None, max_bytes: int | None, from_workflow: bool,
-                  content_type: str) -> Outcome:
+                  content_type: str, tensors: str | None) -> Outcome:
     settings = services.settings
     limit = settings.max_request_bytes if max_bytes is None else max_bytes
     function = services.functions.get(name)
@@ -167,7 +169,7 @@ async def _invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
         routing.acquire(name, endpoint.instance_id)
         try:
             reply = await services.forwarder.post(endpoint.url + "/infer", body, settings.request_timeout_s,
-                                                  content_type)
+                                                  content_type, tensors)
         except NotDelivered:
             # Nothing reached the instance, so trying elsewhere is always safe.
             routing.drop_endpoint(name, endpoint.instance_id)
@@ -199,7 +201,7 @@ async def _invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
         if queued_at:
             queued_s = queued_at[-1] - queued_at[0]
             headers = {**headers, "x-dilu-queued-ms": f"{queued_s * 1000:.1f}"}
-        return Outcome(reply.status, reply.body, headers, reply.content_type, queued_s)
+        return Outcome(reply.status, reply.body, headers, reply.content_type, queued_s, reply.tensors)
 
 
 @router.post("/{name}/invoke", responses={

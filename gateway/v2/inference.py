@@ -116,11 +116,11 @@ def _error_message(body: bytes) -> str:
         return body.decode("utf-8", errors="replace")[:500]
 
 
-def _result(body: bytes, content_type: str) -> Any:
+def _result(body: bytes, content_type: str, tensors: str | None) -> Any:
     """The handler's answer: arrays over the frame's bytes, or JSON read in C (by the standard
     parser where orjson refuses it: a NaN the output check then names)."""
     if content_type == frames.MEDIA_TYPE:
-        return {tensor.name: tensor.array for tensor in frames.decode(body)}
+        return {tensor.name: tensor.array for tensor in frames.decode(tensors, body)}
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -139,18 +139,19 @@ async def infer(services: GatewayServices, model: Model, request: Inference) -> 
     ordered = [(t, request.inputs[t.name]) for t in model.spec.inputs]
     try:
         if model.spec.arrays:
-            body = frames.encode(frames.Tensor(t.name, t.datatype, array) for t, array in ordered)
+            tensors, body = frames.encode(frames.Tensor(t.name, t.datatype, array) for t, array in ordered)
             content_type = frames.MEDIA_TYPE
         else:
-            body, content_type = handler_body(ordered), JSON
+            tensors, body, content_type = None, handler_body(ordered), JSON
     except TensorError as exc:
         raise ProtocolError(400, str(exc)) from None
     # The body was bounded on the wire; its JSON form may be larger (numbers as text).
-    outcome = await invoke_body(services, model.name, body, max_bytes=len(body), content_type=content_type)
+    outcome = await invoke_body(services, model.name, body, max_bytes=len(body), content_type=content_type,
+                                tensors=tensors)
     if outcome.status != 200:
         raise ProtocolError(outcome.status, _error_message(outcome.body))
     try:
-        produced = _result(outcome.body, outcome.content_type)
+        produced = _result(outcome.body, outcome.content_type, outcome.tensors)
     except frames.FrameError as exc:
         raise ProtocolError(500, f"the instance's answer is malformed: {exc}") from None
     except ValueError:

@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from dilu.instance_protocol import TENSOR_FRAME_TYPE, InstanceConfig
+from dilu.instance_protocol import TENSOR_FRAME_TYPE, TENSORS_HEADER, InstanceConfig
 
 try:   # in the platform's environment and the runtime images; the standard parser elsewhere
     import orjson
@@ -29,11 +29,12 @@ class JsonCodec:
 
     adapt = None
 
-    def read_frame(self, body: bytes) -> Any:
+    def read_frame(self, header: str | None, body: bytes) -> Any:
         raise ValueError("this function takes JSON (its spec does not set arrays)")
 
-    def write(self, output: Any, framed: bool) -> tuple[bytes | str, str]:
-        return json.dumps(output, allow_nan=False), JSON
+    def write(self, output: Any, framed: bool) -> tuple[bytes | str, str, dict[str, str]]:
+        """(body, media type, extra headers) of an answer."""
+        return json.dumps(output, allow_nan=False), JSON, {}
 
 
 class ArrayCodec:
@@ -54,17 +55,18 @@ class ArrayCodec:
 
         return ArrayHandler(handler, self._inputs, self._outputs, self._kind, self._device, self._shapes)
 
-    def read_frame(self, body: bytes) -> dict[str, Any]:
-        tensors = self._frames.decode(body)
+    def read_frame(self, header: str | None, body: bytes) -> dict[str, Any]:
+        tensors = self._frames.decode(header, body)
         given = {t.name: t.datatype for t in tensors}
         if given != self._inputs:
             raise ValueError(f"the frame holds {given}, the function takes {self._inputs}")
         return {t.name: t.array for t in tensors}
 
-    def write(self, output: dict[str, Any], framed: bool) -> tuple[bytes | str, str]:
+    def write(self, output: dict[str, Any], framed: bool) -> tuple[bytes | str, str, dict[str, str]]:
         if framed:
             tensors = [self._frames.Tensor(name, datatype, output[name]) for name, datatype in self._outputs.items()]
-            return self._frames.encode(tensors), TENSOR_FRAME_TYPE
+            header, body = self._frames.encode(tensors)
+            return bytes(body), TENSOR_FRAME_TYPE, {TENSORS_HEADER: header}
         import numpy as np
 
         for name, array in output.items():
@@ -73,10 +75,10 @@ class ArrayCodec:
         if orjson is not None and all(array.dtype != object for array in output.values()):
             try:   # written from the arrays' memory; a layout or type orjson refuses goes the long way
                 return orjson.dumps({name: np.ascontiguousarray(array) for name, array in output.items()},
-                                    option=orjson.OPT_SERIALIZE_NUMPY), JSON
+                                    option=orjson.OPT_SERIALIZE_NUMPY), JSON, {}
             except TypeError:
                 pass
-        return json.dumps({name: _listed(array) for name, array in output.items()}), JSON
+        return json.dumps({name: _listed(array) for name, array in output.items()}), JSON, {}
 
 
 def _listed(array: Any) -> Any:

@@ -41,6 +41,7 @@ from dilu.instance_protocol import (
     EXIT_LOAD_FAILED,
     LOADING_HEADER,
     TENSOR_FRAME_TYPE,
+    TENSORS_HEADER,
     InstanceConfig,
     route_prefix,
 )
@@ -79,7 +80,7 @@ def create_app(state: RuntimeState, lifespan: Callable[[Starlette], AbstractAsyn
         body = await request.body()
         framed = request.headers.get("content-type") == TENSOR_FRAME_TYPE
         try:
-            payload = state.codec.read_frame(body) if framed else loads(body)
+            payload = state.codec.read_frame(request.headers.get(TENSORS_HEADER), body) if framed else loads(body)
         except ValueError as exc:
             return _error(400, f"request body is not valid {'tensor frame' if framed else 'JSON'}: {exc}")
         started = time.perf_counter()
@@ -89,7 +90,7 @@ def create_app(state: RuntimeState, lifespan: Callable[[Starlette], AbstractAsyn
         except BatchError as exc:
             return _error(exc.status, f"invalid input: {exc}" if exc.status < 500 else f"handler error: {exc}")
         try:   # NaN and infinities are not JSON: a client's parser would refuse the answer
-            content, media_type = state.codec.write(result.output, framed)
+            content, media_type, extra = state.codec.write(result.output, framed)
         except (TypeError, ValueError) as exc:
             return _error(500, f"handler returned a result that is not JSON-serialisable: {exc}")
         elapsed = time.perf_counter() - started
@@ -97,7 +98,7 @@ def create_app(state: RuntimeState, lifespan: Callable[[Starlette], AbstractAsyn
         return Response(content, media_type=media_type, headers={
             "x-dilu-batch-size": str(result.batch_size),
             "x-dilu-latency-ms": f"{elapsed * 1000:.3f}",
-            "x-dilu-instance": state.config.instance_id,
+            "x-dilu-instance": state.config.instance_id, **extra,
         })
 
     async def health(_: Request) -> Response:
