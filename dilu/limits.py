@@ -65,6 +65,16 @@ def load_finite_json(body: bytes | str) -> Any:
     return json.loads(body, parse_constant=reject_constant, parse_float=finite_float)
 
 
+def load_json_fast(body: bytes) -> Any:
+    """``load_finite_json``'s value, read in C where orjson takes the text (finite numbers,
+    integers within 64 bits); anything it refuses goes to the standard parser, which keeps
+    larger integers exact and names the problem. Several times faster on a tensor's numbers."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return load_finite_json(body)
+
+
 def check_finite_json(body: bytes) -> None:
     """Raises as ``load_finite_json`` would, without building the value in Python: orjson (in C)
     takes what is valid and finite; anything it refuses goes to the standard parser, which names

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from dilu.limits import LimitExceeded, check_json_depth, load_finite_json
+from dilu.limits import LimitExceeded, check_json_depth, load_json_fast
 from gateway.v2.inference import Inference, Model, ProtocolError, Result
 from gateway.v2.tensors import TensorError, check_header, from_binary, from_json, to_binary, to_json_data
 
@@ -58,7 +58,7 @@ def decode_request(model: Model, body: bytes, header_length: str | None) -> tupl
     header, raw = _split(body, header_length)
     try:
         check_json_depth(header)
-        document = load_finite_json(header)
+        document = load_json_fast(header)
     except (LimitExceeded, ValueError, RecursionError) as exc:
         raise ProtocolError(400, f"the inference request is not valid JSON: {exc}") from None
     document = _object(document, "the inference request")

@@ -73,8 +73,47 @@ def _flatten(data: Any) -> list:
     return flat
 
 
+_KINDS = {"BOOL": "b", "FP16": "fi", "FP32": "fi", "FP64": "fi"}   # numpy kinds each datatype takes as is
+
+
+def _from_json_in_c(spec: TensorSpec, shape: list[int], data: Any) -> np.ndarray | None:
+    """``from_json``'s array built by numpy from the nested lists, when their elements are plainly
+    of the datatype's kind (None otherwise: the element-wise path then decides and names what is
+    wrong). Bools among numbers would be taken as 0 and 1, so numbers are scanned for them."""
+    try:
+        array = np.array(data)
+    except (ValueError, OverflowError):   # ragged, or an integer past 64 bits
+        return None
+    kinds = _KINDS.get(spec.datatype, "iu")
+    if array.dtype.kind not in kinds or (kinds != "b" and _holds_bool(data)):
+        return None
+    if array.size != element_count(shape):
+        raise TensorError(f"input {spec.name!r}: {array.size} elements given, shape {shape} holds "
+                          f"{element_count(shape)}")
+    dtype = NUMPY_TYPES[spec.datatype]
+    if array.dtype.kind in "iu":
+        info = np.iinfo(dtype) if dtype.kind in "iu" else None
+        if info is not None and array.size and (array.min() < info.min or array.max() > info.max):
+            raise TensorError(f"input {spec.name!r}: an element does not fit {spec.datatype}")
+    try:
+        with np.errstate(over="raise", invalid="raise"):
+            return _finite(spec, array.astype(dtype, copy=False)).reshape(shape)
+    except FloatingPointError as exc:
+        raise TensorError(f"input {spec.name!r}: an element does not fit {spec.datatype}: {exc}") from None
+
+
+def _holds_bool(data: Any) -> bool:
+    if not isinstance(data, list):
+        return isinstance(data, bool)
+    return any(type(item) is bool or (type(item) is list and _holds_bool(item)) for item in data)
+
+
 def from_json(spec: TensorSpec, shape: list[int], data: Any) -> np.ndarray:
     """An input sent as JSON ``data`` (flat or nested, row-major)."""
+    if spec.datatype != "BYTES":
+        array = _from_json_in_c(spec, shape, data)
+        if array is not None:
+            return array
     flat = _flatten(data)
     if len(flat) != element_count(shape):
         raise TensorError(f"input {spec.name!r}: {len(flat)} elements given, shape {shape} holds "

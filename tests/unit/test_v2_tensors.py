@@ -45,6 +45,32 @@ def test_numbers_are_checked_against_their_type() -> None:
         from_handler(COUNTS, [1, 2, 3])
 
 
+@pytest.mark.parametrize(("datatype", "data", "message"), [
+    ("FP32", [[1.5, True]], "are numbers"),                 # numpy alone would take True as 1.0
+    ("FP16", [[1.0, 1e6]], "does not fit FP16"),
+    ("FP32", [[1.0, 1e300]], "does not fit FP32"),
+    ("UINT8", [[1, 256]], "does not fit UINT8"),
+    ("UINT8", [[1, -1]], "does not fit UINT8"),
+    ("INT64", [[1, 2**64]], "does not fit INT64"),
+    ("FP32", [[1.0], [2.0, 3.0]], "3 elements given"),      # ragged
+    ("FP32", [["1.0", 2.0]], "are numbers"),
+    ("BOOL", [[True, 1]], "true or false"),
+])
+def test_json_numbers_read_by_numpy_are_refused_as_the_element_wise_reading_would(
+        datatype: str, data: list, message: str) -> None:
+    spec = TensorSpec(name="t", datatype=datatype, shape=[-1, -1])
+    with pytest.raises(TensorError, match=message):
+        from_json(spec, [1, 2], data)
+
+
+def test_json_numbers_of_each_kind_become_the_declared_type() -> None:
+    floats = from_json(TensorSpec(name="t", datatype="FP16", shape=[-1]), [3], [1, 2.5, -0.0])
+    assert floats.dtype == np.float16 and floats.tolist() == [1.0, 2.5, -0.0]
+    assert from_json(TensorSpec(name="t", datatype="UINT64", shape=[-1]), [1], [2**64 - 1]).tolist() == [2**64 - 1]
+    assert from_json(TensorSpec(name="t", datatype="INT8", shape=[-1]), [2], [2.0, -128]).tolist() == [2, -128]
+    assert from_json(TensorSpec(name="t", datatype="BOOL", shape=[-1, 1]), [2, 1], [True, False]).shape == (2, 1)
+
+
 def test_rest_request_mixes_json_and_binary_inputs_and_answers_as_asked() -> None:
     counts = np.array([[1, 2], [3, 4]], dtype="<i4")
     header = json.dumps({"id": "a", "inputs": [
