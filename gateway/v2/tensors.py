@@ -103,9 +103,11 @@ def _from_json_in_c(spec: TensorSpec, shape: list[int], data: Any) -> np.ndarray
 
 
 def _holds_bool(data: Any) -> bool:
-    if not isinstance(data, list):
-        return isinstance(data, bool)
-    return any(type(item) is bool or (type(item) is list and _holds_bool(item)) for item in data)
+    """Whether a bool is among the (nested) elements; the types of a row are collected in C."""
+    if type(data) is not list:
+        return type(data) is bool
+    kinds = set(map(type, data))
+    return bool in kinds or (list in kinds and any(_holds_bool(item) for item in data if type(item) is list))
 
 
 def from_json(spec: TensorSpec, shape: list[int], data: Any) -> np.ndarray:
