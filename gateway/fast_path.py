@@ -9,10 +9,10 @@ goes on to the app. It sits behind the key check (``AuthGate``), like the app.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from gateway.limits import BodyTooLarge
+from gateway.limits import read_capped, receive_chunks
 from gateway.routes.invoke import handle_invoke
 from gateway.services import GatewayServices
 from gateway.v2.rest import answer_infer
@@ -80,21 +80,8 @@ class FastPaths:
     async def _infer(self, name: str, version: str | None, scope: dict, receive: Callable, send: Callable) -> None:
         declared = _header(scope, b"content-length")
 
-        async def read_body(limit: int) -> bytes:
-            if declared is not None and declared.isdigit() and int(declared) > limit:
-                raise BodyTooLarge
-            chunks, size, more = [], 0, True
-            while more:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    break
-                chunk = message.get("body", b"")
-                size += len(chunk)
-                if size > limit:
-                    raise BodyTooLarge
-                chunks.append(chunk)
-                more = message.get("more_body", False)
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        def read_body(limit: int) -> Awaitable[bytes]:
+            return read_capped(receive_chunks(receive), declared, limit)
 
         answer = await answer_infer(self._services_of(), name, version, read_body,
                                     _header(scope, b"inference-header-content-length"))

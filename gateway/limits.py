@@ -34,19 +34,11 @@ class BodyLimits:
             await self.app(scope, receive, send)
             return
         limit = self._settings_of().max_api_body_bytes
-        chunks, size, more = [], 0, True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                await _reply(send, 413, f"request body is over the limit of {limit} bytes (DILU_MAX_API_BODY_BYTES)")
-                return
-            chunks.append(chunk)
-            more = message.get("more_body", False)
-        body = b"".join(chunks)
+        try:
+            body = await read_capped(receive_chunks(receive), None, limit)
+        except BodyTooLarge:
+            await _reply(send, 413, f"request body is over the limit of {limit} bytes (DILU_MAX_API_BODY_BYTES)")
+            return
         try:
             check_json_depth(body)
         except LimitExceeded as exc:
@@ -73,6 +65,17 @@ async def _reply(send: Send, status: int, message: str) -> None:
 
 class BodyTooLarge(Exception):
     """A streamed body passed its limit (its declared length, or what arrived)."""
+
+
+async def receive_chunks(receive: Receive) -> AsyncIterator[bytes]:
+    """An ASGI request's body chunks, until the last (or the client left)."""
+    more = True
+    while more:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+        yield message.get("body", b"")
+        more = message.get("more_body", False)
 
 
 async def read_capped(chunks: AsyncIterator[bytes], declared: str | None, limit: int) -> bytes:

@@ -43,12 +43,16 @@ class Peer:
     workdir: Path
 
     def close(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        _stop(self.process, self.workdir)
+
+
+def _stop(process: subprocess.Popen, workdir: Path) -> None:
+    process.terminate()
+    try:
+        process.wait(20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+    shutil.rmtree(workdir, ignore_errors=True)
 
 
 def environment(name: str, requirement: str) -> Path:
@@ -154,12 +158,7 @@ class Proxy:
     workdir: Path
 
     def close(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        _stop(self.process, self.workdir)
 
 
 def start_nginx(upstream: str) -> Proxy:
