@@ -7,6 +7,12 @@ Contract (duck-typed, subclassing is optional):
   one JSON-serialisable result per input, in order.
 - A batch-class function (``class: batch``, a training loop) reports its progress with
   ``dilu.report_progress(units)``: the profiler sizes its slice by that rate.
+- A streaming handler (text generation, step-by-step work) has ``start(request) -> state`` and
+  ``step(states: list) -> list`` instead of (or beside) ``predict``: ``step`` advances every
+  running request by one step and returns one chunk for each, ``Last(chunk)`` for a request's
+  final one. Requests join and leave the running batch between steps. Optional
+  ``finish(chunks) -> result`` makes the whole answer a plain (not streamed) request gets;
+  without it, that answer is the list of chunks.
 - An input the handler cannot accept is the caller's fault: raise ``InputError`` (or return an
   ``InputError`` in its place) and that request is answered 422 with the message. Any other
   exception is answered 500 with its message. Either way, when a batch fails the runtime runs
@@ -16,6 +22,7 @@ Contract (duck-typed, subclassing is optional):
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 _progress_lock = threading.Lock()
@@ -41,6 +48,14 @@ def progress_units() -> float:
 
 class InputError(ValueError):
     """The request's input is unusable (the caller's fault); answered 422 with this message."""
+
+
+@dataclass(frozen=True)
+class Last:
+    """What ``step`` returns in a request's place for its final chunk (``None``: no chunk, just the
+    end); the request then leaves the running batch."""
+
+    chunk: Any = None
 
 
 class Handler:

@@ -29,7 +29,8 @@ class BatchError(Exception):
         self.status = status
 
 
-def _as_error(exc: BaseException) -> BatchError:
+def as_error(exc: BaseException) -> BatchError:
+    """``exc`` as the request's answer: 422 for ``InputError``, 500 for anything else."""
     if isinstance(exc, BatchError):
         return exc
     if isinstance(exc, InputError):
@@ -116,4 +117,4 @@ class Batcher:
     @staticmethod
     def _settle(future: asyncio.Future, exc: BaseException) -> None:
         if not future.done():
-            future.set_exception(_as_error(exc))
+            future.set_exception(as_error(exc))

@@ -10,6 +10,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from dilu.handler import Last
+from worker.instance.streams import is_streaming
+
 
 class HandlerError(Exception):
     """The handler could not be imported, built or loaded; the message is shown to the user."""
@@ -63,8 +66,8 @@ def build_handler(source_dir: str, handler: str, options: dict[str, Any],
         instance = cls(**options)
     except Exception as exc:
         raise HandlerError(f"{handler}({', '.join(options)}) failed: {type(exc).__name__}: {exc}") from exc
-    if not callable(getattr(instance, "predict", None)):
-        raise HandlerError(f"handler {handler!r} has no predict(inputs) method")
+    if not callable(getattr(instance, "predict", None)) and not is_streaming(instance):
+        raise HandlerError(f"handler {handler!r} has no predict(inputs) method (nor start() and step() to stream)")
     load = getattr(instance, "load", None)
     if callable(load):
         try:
@@ -119,6 +122,10 @@ def run_warmup(instance: Any, warmup: dict[str, Any], source_dir: str) -> None:
     """Runs the warm-up request ``count`` times; a failing one fails the load (a model that cannot
     answer its own example would fail its users too)."""
     request = read_warmup_request(warmup, source_dir)
+    if is_streaming(instance):
+        for _ in range(int(warmup.get("count") or 1)):
+            _warm_stream(instance, request)
+        return
     for _ in range(int(warmup.get("count") or 1)):
         try:
             results = instance.predict([request])
@@ -127,3 +134,21 @@ def run_warmup(instance: Any, warmup: dict[str, Any], source_dir: str) -> None:
         failed = next((r for r in results or [] if isinstance(r, BaseException)), None)
         if failed is not None:
             raise HandlerError(f"warm-up request failed: {failed}")
+
+
+WARMUP_MAX_STEPS = 100_000
+
+
+def _warm_stream(instance: Any, request: Any) -> None:
+    """One streamed warm-up request, step by step to its last chunk."""
+    try:
+        state = instance.start(request)
+        for _ in range(WARMUP_MAX_STEPS):
+            (chunk,) = instance.step([state])
+            if isinstance(chunk, BaseException):
+                raise chunk
+            if isinstance(chunk, Last):
+                return
+    except Exception as exc:
+        raise HandlerError(f"warm-up request failed: {type(exc).__name__}: {exc}") from exc
+    raise HandlerError(f"warm-up request did not end within {WARMUP_MAX_STEPS} steps")

@@ -28,11 +28,11 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 
 from dilu.handler import progress_units
@@ -45,11 +45,20 @@ from dilu.instance_protocol import (
     InstanceConfig,
     route_prefix,
 )
-from worker.instance.batcher import Batcher, BatchError
+from worker.instance.batcher import Batcher, BatchError, BatchResult
 from worker.instance.codec import codec_for, loads
 from worker.instance.gpu_requests import RequestSignal
 from worker.instance.loader import HandlerError, build_handler
 from worker.instance.metrics import InstanceMetrics
+from worker.instance.streams import (
+    STREAM_TYPES,
+    Stream,
+    StreamRunner,
+    is_streaming,
+    stream_body,
+    stream_format,
+    whole_answer,
+)
 
 if TYPE_CHECKING:   # imported lazily at run time: spares preload it
     import uvicorn
@@ -62,6 +71,8 @@ class RuntimeState:
         self.marks: dict[str, float] = {}
         self.ready = threading.Event()
         self.batcher: Batcher | None = None
+        self.streams: StreamRunner | None = None    # a streaming handler's runner, instead of the batcher
+        self.handler: Any = None
         self.metrics = InstanceMetrics()
         self.gpu_requests = RequestSignal()
         self.codec = codec_for(config, device)
@@ -74,9 +85,13 @@ def _error(status: int, message: str) -> JSONResponse:
 def create_app(state: RuntimeState, lifespan: Callable[[Starlette], AbstractAsyncContextManager[None]] | None = None,
                prefix: str = "") -> Starlette:
     async def infer(request: Request) -> Response:
-        if not state.ready.is_set() or state.batcher is None:
+        if not state.ready.is_set() or (state.batcher is None and state.streams is None):
             return JSONResponse({"error": "instance is still loading", "loading": True}, status_code=503,
                                 headers={LOADING_HEADER: "1"})
+        wants = stream_format(request.headers.get("accept"))
+        if wants is not None and state.streams is None:
+            return _error(400, f"{state.config.function} does not stream (its handler has no start() and step()): "
+                               "ask for a whole answer, without Accept: text/event-stream or application/x-ndjson")
         body = await request.body()
         framed = request.headers.get("content-type") == TENSOR_FRAME_TYPE
         try:
@@ -84,9 +99,14 @@ def create_app(state: RuntimeState, lifespan: Callable[[Starlette], AbstractAsyn
         except ValueError as exc:
             return _error(400, f"request body is not valid {'tensor frame' if framed else 'JSON'}: {exc}")
         started = time.perf_counter()
+        if state.streams is not None and wants is not None:
+            return _streamed(state, state.streams.submit(payload), wants)
         try:
             with state.gpu_requests.serving():
-                result = await state.batcher.submit(payload)
+                if state.streams is not None:
+                    result = await _whole(state, state.streams.submit(payload))
+                else:
+                    result = await state.batcher.submit(payload)
         except BatchError as exc:
             return _error(exc.status, f"invalid input: {exc}" if exc.status < 500 else f"handler error: {exc}")
         try:   # NaN and infinities are not JSON: a client's parser would refuse the answer
@@ -120,6 +140,26 @@ def create_app(state: RuntimeState, lifespan: Callable[[Starlette], AbstractAsyn
         Route("/progress", progress, methods=["GET"]),
     ]
     return Starlette(lifespan=lifespan, routes=[Mount(prefix, routes=routes)] if prefix else routes)
+
+
+def _streamed(state: RuntimeState, stream: Stream, kind: str) -> StreamingResponse:
+    """The chunks as they come; a caller who leaves cancels its request at the next step."""
+    async def relay() -> AsyncIterator[bytes]:
+        with state.gpu_requests.serving():
+            try:
+                async for piece in stream_body(stream, kind):
+                    yield piece
+            finally:
+                stream.cancel()
+
+    return StreamingResponse(relay(), media_type=STREAM_TYPES[kind],
+                             headers={"cache-control": "no-cache", "x-dilu-instance": state.config.instance_id})
+
+
+async def _whole(state: RuntimeState, stream: Stream) -> BatchResult:
+    """A plain request to a streaming handler: its chunks gathered into one answer."""
+    output = await whole_answer(state.handler, stream)
+    return BatchResult(output, max(stream.batch_sizes, default=1), 0.0, 0.0)
 
 
 def _process_start_time() -> float:
@@ -157,13 +197,17 @@ async def _load_then_serve_batches(state: RuntimeState) -> None:
         traceback.print_exc()
         _fail(f"{type(exc).__name__}: {exc}")
         return
-    state.batcher = Batcher(handler.predict, max_batch_size=config.max_batch_size,
-                            max_wait_s=config.max_wait_ms / 1000.0, executor=executor)
+    state.handler = handler
+    if is_streaming(handler):
+        state.streams = StreamRunner(handler, max_batch_size=config.max_batch_size, executor=executor)
+    else:
+        state.batcher = Batcher(handler.predict, max_batch_size=config.max_batch_size,
+                                max_wait_s=config.max_wait_ms / 1000.0, executor=executor)
     state.marks["ready"] = time.time()
     state.ready.set()
     state.metrics.build_in_background()
     print(f"dilu: instance {config.instance_id} of {config.function} ready", file=sys.stderr, flush=True)
-    await state.batcher.run()
+    await (state.streams or state.batcher).run()
 
 
 def _uvicorn_config(app: Starlette) -> uvicorn.Config:

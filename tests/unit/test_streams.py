@@ -1,0 +1,118 @@
+"""Streaming handlers: requests join a running generation at its next step and leave it when
+done or when their caller goes, and a plain request gets the whole answer."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from dilu import InputError, Last
+from worker.instance.batcher import BatchError
+from worker.instance.streams import StreamRunner, stream_body, stream_format, whole_answer
+
+
+class Counter:
+    """Counts from 1 to each request's ``n``; every step waits for the test to let it run."""
+
+    def __init__(self) -> None:
+        self.steps: list[list[str]] = []
+        self.entered = threading.Semaphore(0)
+        self.gate = threading.Semaphore(0)
+
+    def start(self, request: dict) -> dict:
+        if request["n"] < 1:
+            raise InputError("n must be at least 1")
+        return {"name": request["name"], "n": request["n"], "at": 0}
+
+    def step(self, states: list[dict]) -> list:
+        self.steps.append([state["name"] for state in states])
+        self.entered.release()
+        self.gate.acquire()
+        chunks = []
+        for state in states:
+            state["at"] += 1
+            chunks.append(Last(state["at"]) if state["at"] == state["n"] else state["at"])
+        return chunks
+
+    def finish(self, chunks: list[int]) -> dict:
+        return {"counted": chunks}
+
+
+async def _entered(handler: Counter) -> None:
+    await asyncio.to_thread(handler.entered.acquire)
+
+
+async def _collect(stream) -> list:
+    return [chunk async for chunk in stream.chunks()]
+
+
+async def test_a_request_joins_the_running_generation_at_its_next_step_and_leaves_when_done() -> None:
+    handler = Counter()
+    runner = StreamRunner(handler, max_batch_size=4)
+    task = asyncio.create_task(runner.run())
+    try:
+        first = runner.submit({"name": "a", "n": 3})
+        await _entered(handler)                 # step 1 of "a" is running
+        second = runner.submit({"name": "b", "n": 3})
+        for _ in range(4):                      # let steps 1 to 4 finish one by one
+            handler.gate.release()
+            if _ < 3:
+                await _entered(handler)
+        assert await _collect(first) == [1, 2, 3] and await _collect(second) == [1, 2, 3]
+        # "b" joined at step 2, not after "a" finished; "a" left after its third step.
+        assert handler.steps == [["a"], ["a", "b"], ["a", "b"], ["b"]]
+    finally:
+        task.cancel()
+
+
+async def test_a_caller_who_leaves_frees_its_slot_within_one_step() -> None:
+    handler = Counter()
+    runner = StreamRunner(handler, max_batch_size=1)
+    task = asyncio.create_task(runner.run())
+    try:
+        leaving = runner.submit({"name": "a", "n": 100})
+        waiting = runner.submit({"name": "b", "n": 1})   # the batch holds one: "b" waits for the slot
+        await _entered(handler)
+        leaving.cancel()
+        handler.gate.release()
+        await _entered(handler)
+        handler.gate.release()
+        assert await _collect(waiting) == [1]
+        assert handler.steps == [["a"], ["b"]]
+    finally:
+        task.cancel()
+
+
+async def test_a_refused_start_fails_its_request_only_and_a_failed_step_fails_the_batch() -> None:
+    handler = Counter()
+    runner = StreamRunner(handler, max_batch_size=4)
+    task = asyncio.create_task(runner.run())
+    try:
+        refused = runner.submit({"name": "x", "n": 0})
+        with pytest.raises(BatchError, match="n must be at least 1") as caught:
+            await _collect(refused)
+        assert caught.value.status == 422
+        broken = runner.submit({"name": "y"})          # start() raises KeyError: a 500
+        with pytest.raises(BatchError) as caught:
+            await _collect(broken)
+        assert caught.value.status == 500
+    finally:
+        task.cancel()
+
+
+async def test_a_plain_request_gets_the_whole_answer_and_a_stream_its_events() -> None:
+    handler = Counter()
+    runner = StreamRunner(handler, max_batch_size=4)
+    task = asyncio.create_task(runner.run())
+    for _ in range(4):
+        handler.gate.release()
+    try:
+        assert await whole_answer(handler, runner.submit({"name": "a", "n": 2})) == {"counted": [1, 2]}
+        events = [piece async for piece in stream_body(runner.submit({"name": "b", "n": 2}), "sse")]
+        assert events == [b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n"]
+    finally:
+        task.cancel()
+    assert stream_format("text/event-stream") == "sse" and stream_format("application/x-ndjson") == "ndjson"
+    assert stream_format("application/json") is None and stream_format(None) is None

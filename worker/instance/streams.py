@@ -1,0 +1,180 @@
+"""Streaming handlers: generation step by step, requests joining and leaving the running batch.
+
+A handler streams when it has ``start(request) -> state`` and ``step(states) -> chunks``. The
+runtime keeps one running batch of at most ``max_batch_size`` requests. Before every step it
+drops the requests whose callers left and admits waiting ones (``start``, on the handler's
+thread); then it calls ``step`` once for all of them. Each result is that request's next chunk,
+or ``dilu.Last(chunk)`` for its final one, after which the request leaves the batch. So a
+request that arrives while a generation runs joins it at the next step (iteration-level
+batching) instead of waiting for the batch to finish, and a caller who leaves frees its slot
+within one step.
+
+A ``start`` that raises fails that request only; a ``step`` that raises fails every request in
+the batch (a step is one call for all of them, so there is no telling which one broke it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any
+
+from dilu.handler import InputError, Last
+from worker.instance.batcher import BatchError, as_error
+
+_END = object()
+
+
+def is_streaming(handler: Any) -> bool:
+    """Whether ``handler`` generates step by step (has ``start`` and ``step``)."""
+    return callable(getattr(handler, "start", None)) and callable(getattr(handler, "step", None))
+
+
+@dataclass
+class Stream:
+    """One request's chunks as they are made; ``cancel()`` when its caller leaves."""
+
+    submitted: float = field(default_factory=time.perf_counter)
+    cancelled: bool = False
+    batch_sizes: list[int] = field(default_factory=list)
+    _queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def put(self, chunk: Any) -> None:
+        self._queue.put_nowait(chunk)
+
+    def end(self, error: BaseException | None = None) -> None:
+        self._queue.put_nowait(_END if error is None else as_error(error))
+
+    async def chunks(self) -> AsyncIterator[Any]:
+        """The chunks until the last; a failure is raised as ``BatchError``."""
+        while True:
+            item = await self._queue.get()
+            if item is _END:
+                return
+            if isinstance(item, BatchError):
+                raise item
+            yield item
+
+
+class StreamRunner:
+    """Runs a streaming handler's batch, one step at a time, on ``executor`` (one thread)."""
+
+    def __init__(self, handler: Any, *, max_batch_size: int, executor: Executor | None = None,
+                 on_step: Callable[[int], None] | None = None) -> None:
+        self._handler = handler
+        self._max = max_batch_size
+        self._executor = executor
+        self._waiting: asyncio.Queue[tuple[Stream, Any]] = asyncio.Queue()
+        self._on_step = on_step or (lambda _size: None)
+
+    def submit(self, request: Any) -> Stream:
+        stream = Stream()
+        self._waiting.put_nowait((stream, request))
+        return stream
+
+    async def run(self) -> None:
+        """Serves until cancelled."""
+        loop = asyncio.get_running_loop()
+        running: list[tuple[Stream, Any]] = []
+        while True:
+            running = [(stream, state) for stream, state in running if not stream.cancelled]
+            if not running:
+                running += await self._admit(loop, [await self._waiting.get()])
+            arrivals = []
+            while len(running) + len(arrivals) < self._max and not self._waiting.empty():
+                arrivals.append(self._waiting.get_nowait())
+            running += await self._admit(loop, arrivals)
+            if running:
+                running = await self._step(loop, running)
+
+    async def _admit(self, loop: asyncio.AbstractEventLoop,
+                     arrivals: list[tuple[Stream, Any]]) -> list[tuple[Stream, Any]]:
+        admitted = []
+        for stream, request in arrivals:
+            if stream.cancelled:
+                continue
+            try:
+                state = await loop.run_in_executor(self._executor, self._handler.start, request)
+            except Exception as exc:  # noqa: BLE001 - the handler's refusal is this request's answer
+                stream.end(exc)
+                continue
+            admitted.append((stream, state))
+        return admitted
+
+    async def _step(self, loop: asyncio.AbstractEventLoop,
+                    running: list[tuple[Stream, Any]]) -> list[tuple[Stream, Any]]:
+        states = [state for _, state in running]
+        try:
+            chunks = await loop.run_in_executor(self._executor, self._handler.step, states)
+            if not isinstance(chunks, (list, tuple)) or len(chunks) != len(states):
+                got = len(chunks) if isinstance(chunks, (list, tuple)) else type(chunks).__name__
+                raise BatchError(f"step() must return a list of {len(states)} chunks, got {got}")
+        except Exception as exc:  # noqa: BLE001 - a failed step fails the requests that were in it
+            for stream, _ in running:
+                stream.end(exc)
+            return []
+        self._on_step(len(running))
+        still = []
+        for (stream, state), chunk in zip(running, chunks, strict=True):
+            stream.batch_sizes.append(len(running))
+            if isinstance(chunk, InputError):
+                stream.end(chunk)
+            elif isinstance(chunk, Last):
+                if chunk.chunk is not None:
+                    stream.put(chunk.chunk)
+                stream.end()
+            else:
+                stream.put(chunk)
+                still.append((stream, state))
+        return still
+
+
+async def whole_answer(handler: Any, stream: Stream) -> Any:
+    """A plain request's answer from a streaming handler: ``handler.finish(chunks)`` when it has
+    one, else the list of chunks."""
+    chunks = [chunk async for chunk in stream.chunks()]
+    finish = getattr(handler, "finish", None)
+    return finish(chunks) if callable(finish) else chunks
+
+
+STREAM_TYPES = {"sse": "text/event-stream", "ndjson": "application/x-ndjson"}
+
+
+def stream_format(accept: str | None) -> str | None:
+    """The stream a caller asks for by its ``Accept`` header (None: a whole answer)."""
+    if not accept:
+        return None
+    for kind, media_type in STREAM_TYPES.items():
+        if media_type in accept:
+            return kind
+    return None
+
+
+def _encode(kind: str, document: Any) -> bytes:
+    text = json.dumps(document, allow_nan=False)
+    return f"data: {text}\n\n".encode() if kind == "sse" else f"{text}\n".encode()
+
+
+async def stream_body(stream: Stream, kind: str) -> AsyncIterator[bytes]:
+    """The chunks as server-sent events (``data: <json>``, then ``data: [DONE]``) or JSON lines;
+    a failure mid-stream is a last event (``event: error``) or line holding ``{"error", "status"}``."""
+    try:
+        async for chunk in stream.chunks():
+            try:
+                yield _encode(kind, chunk)
+            except (TypeError, ValueError) as exc:
+                raise BatchError(f"a chunk is not JSON-serialisable: {exc}") from None
+    except BatchError as exc:
+        failure = {"error": str(exc), "status": exc.status}
+        yield (f"event: error\ndata: {json.dumps(failure)}\n\n".encode() if kind == "sse"
+               else f"{json.dumps(failure)}\n".encode())
+        return
+    if kind == "sse":
+        yield b"data: [DONE]\n\n"
