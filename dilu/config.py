@@ -97,7 +97,9 @@ class GatewaySettings(CommonSettings):
                                                    "false: it needs the read scope")
     queue_size: int = Field(64, gt=0, description="Requests that may wait per function during a cold start")
     queue_timeout_s: float = Field(60.0, gt=0, description="How long a queued request waits for an instance")
-    request_timeout_s: float = Field(300.0, gt=0, description="Upper bound on one forwarded request")
+    request_timeout_s: float = Field(300.0, gt=0, description="Upper bound on one forwarded request; for a "
+                                                            "stream, on its start and on each silence within it")
+    max_stream_s: float = Field(3600.0, gt=0, description="Upper bound on one streamed answer, start to end")
     routes_refresh_s: float = Field(2.0, gt=0, description="Full routing-table refresh, beside events")
     share_sample_s: float = Field(1.0, gt=0, description="How often the dashboard's share history is sampled")
 

@@ -113,6 +113,19 @@ class InstanceEnvironment:
         return InstanceConfig.from_file(self.config_path) if self.config_path else None
 
 
+STREAM_TYPES = {"sse": "text/event-stream", "ndjson": "application/x-ndjson"}
+
+
+def stream_kind(accept: str | None) -> str | None:
+    """The stream a caller asks for by its ``Accept`` header: ``sse`` (server-sent events),
+    ``ndjson`` (JSON lines) or None (a whole answer)."""
+    if accept:
+        for kind, media_type in STREAM_TYPES.items():
+            if media_type in accept:
+                return kind
+    return None
+
+
 def new_key() -> str:
     import secrets
 

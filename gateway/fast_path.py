@@ -9,12 +9,14 @@ goes on to the app. It sits behind the key check (``AuthGate``), like the app.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gateway.limits import read_capped, receive_chunks
 from gateway.routes.invoke import handle_invoke
 from gateway.services import GatewayServices
+from gateway.streams import Relay
 from gateway.v2.rest import answer_infer
 
 INVOKE_PREFIX, INVOKE_SUFFIX = "/v1/functions/", "/invoke"
@@ -46,6 +48,35 @@ async def _send(send: Callable, status: int, body: bytes, content_type: str, hea
     await send({"type": "http.response.body", "body": body})
 
 
+async def _relay(relay: Relay, content_type: str, headers: dict[str, str], receive: Callable,
+                 send: Callable) -> None:
+    """A stream to the caller, piece by piece; a caller who leaves ends it (and the instance's
+    generation) at once."""
+    raw = [(b"content-type", content_type.encode("latin-1")), (b"cache-control", b"no-cache")]
+    raw += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+
+    async def forward() -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": raw})
+        async for piece in relay.pieces():
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def left() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    relaying, watching = asyncio.create_task(forward()), asyncio.create_task(left())
+    try:
+        await asyncio.wait((relaying, watching), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (relaying, watching):
+            task.cancel()
+        await asyncio.gather(relaying, watching, return_exceptions=True)
+        relay.close()
+    if not relaying.cancelled() and relaying.exception() is not None:
+        raise relaying.exception()
+
+
 class FastPaths:
     """ASGI wrapper: the two hot routes straight to their handlers; the rest to ``app``."""
 
@@ -74,7 +105,11 @@ class FastPaths:
                 return b"", False
             return message.get("body", b""), message.get("more_body", False)
 
-        outcome = await handle_invoke(self._services_of(), name, next_chunk, _header(scope, b"content-length"))
+        outcome = await handle_invoke(self._services_of(), name, next_chunk, _header(scope, b"content-length"),
+                                      accept=_header(scope, b"accept"))
+        if outcome.relay is not None:
+            await _relay(outcome.relay, outcome.content_type, outcome.headers, receive, send)
+            return
         await _send(send, outcome.status, outcome.body, outcome.content_type, outcome.headers)
 
     async def _infer(self, name: str, version: str | None, scope: dict, receive: Callable, send: Callable) -> None:

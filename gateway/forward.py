@@ -14,6 +14,7 @@ import asyncio
 import functools
 import time
 from collections import defaultdict
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -64,6 +65,18 @@ def _target(url: str) -> _Target:
                    parts.netloc.encode())
 
 
+@dataclass
+class Streamed:
+    """An instance's answer as it comes: status and headers, then ``chunks()``; ``close()`` it
+    (or read it to the end) to give the connection back."""
+
+    status: int
+    content_type: str
+    headers: dict[str, str]
+    chunks: Callable[[float, float], AsyncIterator[bytes]]   # (idle s, monotonic deadline) -> the body
+    close: Callable[[], None]     # idempotent: gives the connection back (or closes it, mid-stream)
+
+
 class _Connection(asyncio.Protocol):
     """One kept-alive connection to an instance; one request at a time."""
 
@@ -73,6 +86,8 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.idle_since = 0.0
         self._reply: asyncio.Future[Reply] | None = None
+        self._head: asyncio.Future[Reply] | None = None       # streaming: the status and headers
+        self.pieces: asyncio.Queue[bytes | Exception | None] | None = None   # streaming: the body
         self._reset()
 
     def _reset(self) -> None:
@@ -111,11 +126,22 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self._status = self.parser.get_status_code()
+        if self._head is not None and not self._head.done():
+            self._head.set_result(Reply(self._status, b"", self._content_type, self._headers))
 
     def on_body(self, body: bytes) -> None:
-        self._body.append(body)
+        if self.pieces is not None:
+            self.pieces.put_nowait(body)
+        else:
+            self._body.append(body)
 
     def on_message_complete(self) -> None:
+        if self.pieces is not None:
+            self.pieces.put_nowait(None)
+            if not (self._keep and self.parser.should_keep_alive()):
+                self.close()
+            self._reset()
+            return
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         reply = Reply(self._status, body, self._content_type, self._headers, self._tensors)
         if not (self._keep and self.parser.should_keep_alive()):
@@ -127,15 +153,21 @@ class _Connection(asyncio.Protocol):
     def _fail(self, exc: Exception) -> None:
         if self._reply is not None and not self._reply.done():
             self._reply.set_exception(exc)
+        if self._head is not None and not self._head.done():
+            self._head.set_exception(exc)
+        elif self.pieces is not None:
+            self.pieces.put_nowait(exc)
 
-    def send(self, head: bytes, body: bytes | memoryview) -> asyncio.Future[Reply]:
-        self._reply = asyncio.get_running_loop().create_future()
+    def send(self, head: bytes, body: bytes | memoryview, streaming: bool = False) -> asyncio.Future[Reply]:
+        """The reply (streaming: its status and headers, the body then arriving in ``pieces``)."""
+        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self._reply, self._head, self.pieces = (None, future, asyncio.Queue()) if streaming else (future, None, None)
         assert self.transport is not None
         if len(body) <= 16384:
             self.transport.write(b"".join((head, body)))
         else:   # a large body goes as it is, not copied behind its head
             self.transport.writelines((head, body))
-        return self._reply
+        return future
 
     def close(self) -> None:
         self.closed = True
@@ -205,3 +237,64 @@ class Forwarder:
                 else:   # a reply may still be on its way: this connection cannot carry another request
                     connection.close()
             return reply
+
+    async def stream(self, url: str, body: bytes | memoryview, timeout_s: float,
+                     content_type: str = "application/json", accept: str = "text/event-stream") -> Streamed:
+        """POSTs ``body`` asking for a stream; returns once the status and headers are in (within
+        ``timeout_s``). The body then comes through ``chunks(idle_s, deadline)``, which ends the
+        stream with ``InstanceTimeout`` when no piece arrives for ``idle_s`` or at the monotonic
+        ``deadline``; leaving it early closes the connection, which tells the instance its caller
+        went."""
+        target = _target(url)
+        head = b"POST %s HTTP/1.1\r\nhost: %s\r\ncontent-type: %s\r\naccept: %s\r\ncontent-length: %d\r\n\r\n" % (
+            target.path, target.authority, content_type.encode("latin-1"), accept.encode("latin-1"), len(body))
+        await self._slots.acquire()
+        try:
+            connection = await self._connection(target)
+        except BaseException:
+            self._slots.release()
+            raise
+        try:
+            async with asyncio.timeout(timeout_s):
+                reply = await connection.send(head, body, streaming=True)
+        except BaseException as exc:
+            connection.close()
+            self._slots.release()
+            if isinstance(exc, TimeoutError):
+                raise InstanceTimeout(f"no answer within {timeout_s:g}s") from exc
+            raise
+
+        pieces = connection.pieces
+        assert pieces is not None
+        state = {"finished": False, "closed": False}
+
+        def close() -> None:
+            if state["closed"]:
+                return
+            state["closed"] = True
+            connection.pieces = None
+            if state["finished"]:
+                self._keep(target, connection)
+            else:
+                connection.close()
+            self._slots.release()
+
+        async def chunks(idle_s: float, deadline: float = float("inf")) -> AsyncIterator[bytes]:
+            try:
+                while True:
+                    try:
+                        async with asyncio.timeout(min(idle_s, deadline - time.monotonic())):
+                            piece = await pieces.get()
+                    except TimeoutError as exc:
+                        raise InstanceTimeout(f"the stream sent nothing for {idle_s:g}s, or ran past its "
+                                              "limit") from exc
+                    if piece is None:
+                        state["finished"] = True
+                        return
+                    if isinstance(piece, Exception):
+                        raise piece
+                    yield piece
+            finally:
+                close()
+
+        return Streamed(reply.status, reply.content_type, reply.headers, chunks, close)

@@ -1,13 +1,15 @@
 """A small GPT-style generator built in code: byte-level tokens, causal attention, greedy decoding.
 
-Input: {"prompt": str, "max_new_tokens": int (default 16, at most 64)}. Output: the generated
-token ids and their bytes decoded as text (random weights, so the text is not meaningful).
+Input: {"prompt": str, "max_new_tokens": int (default 16, at most 64)}. It streams: asked with
+``Accept: text/event-stream`` it sends each token as it is made ({"token", "text"}); a plain
+request gets the generated token ids and their bytes decoded as text (random weights, so the
+text is not meaningful). Requests that arrive mid-generation join the batch at the next token.
 """
 
 import torch
 from torch import nn
 
-from dilu import Handler
+from dilu import Handler, InputError, Last
 
 VOCAB = 256  # one token per byte
 
@@ -31,15 +33,17 @@ class TinyGpt(nn.Module):
         return self.head(self.norm(hidden))
 
     @torch.inference_mode()
-    def generate(self, prompt: list[int], max_new_tokens: int) -> list[int]:
-        ids = torch.tensor([prompt or [0]], device=self.head.weight.device)
-        generated = []
-        for _ in range(max_new_tokens):
-            logits = self(ids[:, -self.context:])
-            next_id = int(logits[0, -1].argmax())
-            generated.append(next_id)
-            ids = torch.cat([ids, torch.tensor([[next_id]], device=ids.device)], dim=1)
-        return generated
+    def next_tokens(self, sequences: list[list[int]]) -> list[int]:
+        """The greedy next token of each sequence, in one forward pass over the batch. Sequences
+        are right-padded: under the causal mask a real token never attends to the padding."""
+        window = [sequence[-self.context:] or [0] for sequence in sequences]
+        longest = max(len(sequence) for sequence in window)
+        ids = torch.zeros((len(window), longest), dtype=torch.long, device=self.head.weight.device)
+        for row, sequence in enumerate(window):
+            ids[row, :len(sequence)] = torch.tensor(sequence)
+        last = torch.tensor([len(sequence) - 1 for sequence in window], device=ids.device)
+        logits = self(ids)[torch.arange(len(window), device=ids.device), last]
+        return logits.argmax(dim=-1).tolist()
 
 
 class GptGenerator(Handler):
@@ -51,14 +55,26 @@ class GptGenerator(Handler):
                              int(self.options.get("heads", 4)), int(self.options.get("context", 128)))
         self.model.to(self.device).eval()
 
-    def predict(self, inputs: list) -> list:
-        results = []
-        for item in inputs:
-            if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
-                raise ValueError('each input must be {"prompt": "...", "max_new_tokens": n}')
-            count = int(item.get("max_new_tokens", 16))
-            if not 1 <= count <= self.max_new_tokens:
-                raise ValueError(f"max_new_tokens must be between 1 and {self.max_new_tokens}")
-            tokens = self.model.generate(list(item["prompt"].encode("utf-8")), count)
-            results.append({"tokens": tokens, "text": bytes(tokens).decode("utf-8", errors="replace")})
-        return results
+    def start(self, request: dict) -> dict:
+        """A request joins the running batch: its prompt and how many tokens it wants."""
+        if not isinstance(request, dict) or not isinstance(request.get("prompt"), str):
+            raise InputError('each input must be {"prompt": "...", "max_new_tokens": n}')
+        count = request.get("max_new_tokens", 16)
+        if not isinstance(count, int) or not 1 <= count <= self.max_new_tokens:
+            raise InputError(f"max_new_tokens must be a whole number between 1 and {self.max_new_tokens}")
+        return {"sequence": list(request["prompt"].encode("utf-8")), "left": count}
+
+    def step(self, states: list[dict]) -> list:
+        """One token for every running request, in one forward pass; a request's last is Last."""
+        chunks = []
+        for state, token in zip(states, self.model.next_tokens([s["sequence"] for s in states]), strict=True):
+            state["sequence"].append(token)
+            state["left"] -= 1
+            chunk = {"token": token, "text": bytes([token]).decode("utf-8", errors="replace")}
+            chunks.append(Last(chunk) if state["left"] == 0 else chunk)
+        return chunks
+
+    def finish(self, chunks: list[dict]) -> dict:
+        """A plain (not streamed) request's answer: every token, and their bytes as text."""
+        tokens = [chunk["token"] for chunk in chunks]
+        return {"tokens": tokens, "text": bytes(tokens).decode("utf-8", errors="replace")}

@@ -14,17 +14,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 
-from dilu.instance_protocol import is_loading
+from dilu.instance_protocol import STREAM_TYPES, is_loading, stream_kind
 from dilu.limits import LimitExceeded, check_finite_json, check_json_depth
 from dilu.messages import FunctionStatus
 from dilu.spec import retries_after_failure
 from gateway.docs import AUTH_ERRORS, SECURED, ErrorBody, errors
-from gateway.forward import InstanceFailed, InstanceTimeout, NotDelivered
+from gateway.forward import InstanceFailed, InstanceTimeout, NotDelivered, Reply
 from gateway.metrics import LATENCY, REQUESTS
 from gateway.routing import NoInstance, QueueFull
 from gateway.services import GatewayServices
+from gateway.streams import Relay
 
 router = APIRouter(prefix="/v1/functions", tags=["invoke"], dependencies=SECURED, responses=AUTH_ERRORS)
 PREFIX, SUFFIX = "/v1/functions/", "/invoke"
@@ -40,6 +41,7 @@ class Outcome:
     content_type: str = "application/json"
     queued_s: float = 0.0      # how long it waited for an instance (a cold start)
     tensors: str | None = None     # the header of an answer in a tensor frame
+    relay: Relay | None = None     # a streamed answer: its pieces come from here, after the headers
 
 
 class _TooLarge(Exception):
@@ -86,15 +88,18 @@ _METRICS = _MetricsCache()
 
 async def handle_invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
                         content_length: str | None, max_bytes: int | None = None,
-                        from_workflow: bool = False, content_type: str = JSON, tensors: str | None = None) -> Outcome:
+                        from_workflow: bool = False, content_type: str = JSON, tensors: str | None = None,
+                        accept: str | None = None) -> Outcome:
     """One invocation, start to end. ``max_bytes``: the body's limit when not the setting's (the
     inference protocol bounds its own wire format and hands over the body it made).
     ``from_workflow``: a workflow's node (not a direct request, which keeps the function loaded).
     ``content_type``: JSON, or the tensor frame the inference protocol makes for a function that
-    takes arrays (checked as it was made, so not parsed here), with its header ``tensors``."""
+    takes arrays (checked as it was made, so not parsed here), with its header ``tensors``.
+    ``accept``: the caller's Accept header; a stream type there asks a streaming function for its
+    chunks as they come (``Outcome.relay``)."""
     started = time.perf_counter()
     outcome = await _invoke(services, name, next_chunk, content_length, max_bytes, from_workflow, content_type,
-                            tensors)
+                            tensors, stream_kind(accept) and accept, started)
     elapsed = time.perf_counter() - started
     _METRICS.observe(name, outcome.status, elapsed)
     if outcome.status < 400:
@@ -122,7 +127,7 @@ async def invoke_body(services: GatewayServices, name: str, body: bytes | memory
 
 async def _invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
                   content_length: str | None, max_bytes: int | None, from_workflow: bool,
-                  content_type: str, tensors: str | None) -> Outcome:
+                  content_type: str, tensors: str | None, accept: str | None, arrived: float) -> Outcome:
     settings = services.settings
     limit = settings.max_request_bytes if max_bytes is None else max_bytes
     function = services.functions.get(name)
@@ -167,9 +172,14 @@ async def _invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
             entry = services.functions.get(name)
             return _error(503 if entry is None or entry.status == FunctionStatus.FAILED else 504, str(exc))
         routing.acquire(name, endpoint.instance_id)
+        relay: Relay | None = None
         try:
-            reply = await services.forwarder.post(endpoint.url + "/infer", body, settings.request_timeout_s,
-                                                  content_type, tensors)
+            if accept:
+                reply, relay = await _open_stream(services, name, endpoint.instance_id, endpoint.url, body,
+                                                  content_type, accept, arrived)
+            else:
+                reply = await services.forwarder.post(endpoint.url + "/infer", body, settings.request_timeout_s,
+                                                      content_type, tensors)
         except NotDelivered:
             # Nothing reached the instance, so trying elsewhere is always safe.
             routing.drop_endpoint(name, endpoint.instance_id)
@@ -190,8 +200,9 @@ async def _invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
                                "retried, since the function may have side effects (idempotent: false, or class "
                                "batch): the handler may have run")
         finally:
-            routing.release(name, endpoint.instance_id)
-            services.activity.answered(name)
+            if relay is None:     # a stream holds its instance until it ends
+                routing.release(name, endpoint.instance_id)
+                services.activity.answered(name)
         if is_loading(reply.status, reply.headers):
             tried = tried | {endpoint.instance_id}
             continue
@@ -201,7 +212,25 @@ async def _invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
         if queued_at:
             queued_s = queued_at[-1] - queued_at[0]
             headers = {**headers, "x-dilu-queued-ms": f"{queued_s * 1000:.1f}"}
-        return Outcome(reply.status, reply.body, headers, reply.content_type, queued_s, reply.tensors)
+        return Outcome(reply.status, reply.body, headers, reply.content_type, queued_s, reply.tensors, relay)
+
+
+async def _open_stream(services: GatewayServices, name: str, instance_id: str, url: str, body: bytes | memoryview,
+                       content_type: str, accept: str, arrived: float) -> tuple[Reply, Relay | None]:
+    """The instance's answer to a stream request: a relay when it streams, else its whole reply
+    (an error, or a function that does not stream refusing the request)."""
+    settings = services.settings
+    streamed = await services.forwarder.stream(url + "/infer", body, settings.request_timeout_s, content_type,
+                                               accept)
+    reply = Reply(streamed.status, b"", streamed.content_type, streamed.headers)
+    if streamed.status == 200 and streamed.content_type.split(";")[0].strip() in STREAM_TYPES.values():
+        def ended() -> None:
+            services.routing.release(name, instance_id)
+            services.activity.answered(name)
+
+        return reply, Relay(name, streamed, settings.request_timeout_s, settings.max_stream_s, ended, arrived)
+    pieces = [piece async for piece in streamed.chunks(settings.request_timeout_s)]
+    return Reply(streamed.status, b"".join(pieces), streamed.content_type, streamed.headers), None
 
 
 @router.post("/{name}/invoke", responses={
@@ -227,6 +256,8 @@ async def invoke(name: str, request: Request) -> Response:
             return b"", False
 
     outcome = await handle_invoke(request.app.state.services, name, next_chunk,
-                                  request.headers.get("content-length"))
+                                  request.headers.get("content-length"), accept=request.headers.get("accept"))
+    if outcome.relay is not None:
+        return StreamingResponse(outcome.relay.pieces(), headers=outcome.headers, media_type=outcome.content_type)
     return Response(outcome.body, status_code=outcome.status, headers=outcome.headers,
                     media_type=outcome.content_type)

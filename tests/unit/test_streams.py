@@ -9,8 +9,9 @@ import threading
 import pytest
 
 from dilu import InputError, Last
+from dilu.instance_protocol import stream_kind
 from worker.instance.batcher import BatchError
-from worker.instance.streams import StreamRunner, stream_body, stream_format, whole_answer
+from worker.instance.streams import StreamRunner, stream_body, whole_answer
 
 
 class Counter:
@@ -114,5 +115,5 @@ async def test_a_plain_request_gets_the_whole_answer_and_a_stream_its_events() -
         assert events == [b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n"]
     finally:
         task.cancel()
-    assert stream_format("text/event-stream") == "sse" and stream_format("application/x-ndjson") == "ndjson"
-    assert stream_format("application/json") is None and stream_format(None) is None
+    assert stream_kind("text/event-stream") == "sse" and stream_kind("application/x-ndjson") == "ndjson"
+    assert stream_kind("application/json") is None and stream_kind(None) is None

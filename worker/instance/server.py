@@ -40,25 +40,19 @@ from dilu.instance_protocol import (
     ERROR_MARKER,
     EXIT_LOAD_FAILED,
     LOADING_HEADER,
+    STREAM_TYPES,
     TENSOR_FRAME_TYPE,
     TENSORS_HEADER,
     InstanceConfig,
     route_prefix,
+    stream_kind,
 )
 from worker.instance.batcher import Batcher, BatchError, BatchResult
 from worker.instance.codec import codec_for, loads
 from worker.instance.gpu_requests import RequestSignal
 from worker.instance.loader import HandlerError, build_handler
 from worker.instance.metrics import InstanceMetrics
-from worker.instance.streams import (
-    STREAM_TYPES,
-    Stream,
-    StreamRunner,
-    is_streaming,
-    stream_body,
-    stream_format,
-    whole_answer,
-)
+from worker.instance.streams import Stream, StreamRunner, is_streaming, stream_body, whole_answer
 
 if TYPE_CHECKING:   # imported lazily at run time: spares preload it
     import uvicorn
@@ -88,7 +82,7 @@ def create_app(state: RuntimeState, lifespan: Callable[[Starlette], AbstractAsyn
         if not state.ready.is_set() or (state.batcher is None and state.streams is None):
             return JSONResponse({"error": "instance is still loading", "loading": True}, status_code=503,
                                 headers={LOADING_HEADER: "1"})
-        wants = stream_format(request.headers.get("accept"))
+        wants = stream_kind(request.headers.get("accept"))
         if wants is not None and state.streams is None:
             return _error(400, f"{state.config.function} does not stream (its handler has no start() and step()): "
                                "ask for a whole answer, without Accept: text/event-stream or application/x-ndjson")
@@ -100,7 +94,7 @@ def create_app(state: RuntimeState, lifespan: Callable[[Starlette], AbstractAsyn
             return _error(400, f"request body is not valid {'tensor frame' if framed else 'JSON'}: {exc}")
         started = time.perf_counter()
         if state.streams is not None and wants is not None:
-            return _streamed(state, state.streams.submit(payload), wants)
+            return await _streamed(state, state.streams.submit(payload), wants)
         try:
             with state.gpu_requests.serving():
                 if state.streams is not None:
@@ -142,15 +136,34 @@ def create_app(state: RuntimeState, lifespan: Callable[[Starlette], AbstractAsyn
     return Starlette(lifespan=lifespan, routes=[Mount(prefix, routes=routes)] if prefix else routes)
 
 
-def _streamed(state: RuntimeState, stream: Stream, kind: str) -> StreamingResponse:
-    """The chunks as they come; a caller who leaves cancels its request at the next step."""
+async def _streamed(state: RuntimeState, stream: Stream, kind: str) -> Response:
+    """The chunks as they come, once the first is made (a request refused before its first chunk
+    gets its error as a plain answer); a caller who leaves cancels its request at the next step."""
+    pieces = stream_body(stream, kind)
+    serving = state.gpu_requests.serving()
+    serving.__enter__()
+    try:
+        first = await anext(pieces)
+    except StopAsyncIteration:
+        first = b""
+    except BaseException:
+        serving.__exit__(None, None, None)
+        stream.cancel()
+        raise
+    failure = stream.failure
+    if failure is not None:    # the first piece is its error event
+        serving.__exit__(None, None, None)
+        return _error(failure.status, f"invalid input: {failure}" if failure.status < 500 else
+                      f"handler error: {failure}")
+
     async def relay() -> AsyncIterator[bytes]:
-        with state.gpu_requests.serving():
-            try:
-                async for piece in stream_body(stream, kind):
-                    yield piece
-            finally:
-                stream.cancel()
+        try:
+            yield first
+            async for piece in pieces:
+                yield piece
+        finally:
+            stream.cancel()
+            serving.__exit__(None, None, None)
 
     return StreamingResponse(relay(), media_type=STREAM_TYPES[kind],
                              headers={"cache-control": "no-cache", "x-dilu-instance": state.config.instance_id})

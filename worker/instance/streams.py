@@ -40,6 +40,8 @@ class Stream:
 
     submitted: float = field(default_factory=time.perf_counter)
     cancelled: bool = False
+    chunks_made: int = 0
+    failure: BatchError | None = None     # set when it ended in an error before any chunk
     batch_sizes: list[int] = field(default_factory=list)
     _queue: asyncio.Queue = field(default_factory=asyncio.Queue)
 
@@ -47,10 +49,17 @@ class Stream:
         self.cancelled = True
 
     def put(self, chunk: Any) -> None:
+        self.chunks_made += 1
         self._queue.put_nowait(chunk)
 
     def end(self, error: BaseException | None = None) -> None:
-        self._queue.put_nowait(_END if error is None else as_error(error))
+        if error is None:
+            self._queue.put_nowait(_END)
+            return
+        failure = as_error(error)
+        if self.chunks_made == 0:
+            self.failure = failure
+        self._queue.put_nowait(failure)
 
     async def chunks(self) -> AsyncIterator[Any]:
         """The chunks until the last; a failure is raised as ``BatchError``."""
@@ -142,19 +151,6 @@ async def whole_answer(handler: Any, stream: Stream) -> Any:
     chunks = [chunk async for chunk in stream.chunks()]
     finish = getattr(handler, "finish", None)
     return finish(chunks) if callable(finish) else chunks
-
-
-STREAM_TYPES = {"sse": "text/event-stream", "ndjson": "application/x-ndjson"}
-
-
-def stream_format(accept: str | None) -> str | None:
-    """The stream a caller asks for by its ``Accept`` header (None: a whole answer)."""
-    if not accept:
-        return None
-    for kind, media_type in STREAM_TYPES.items():
-        if media_type in accept:
-            return kind
-    return None
 
 
 def _encode(kind: str, document: Any) -> bytes:

@@ -1,0 +1,85 @@
+"""Streaming functions through the gateway: server-sent events and JSON lines as the chunks are
+made, the whole answer for a plain request, streams that outlive the request timeout, and a
+caller who leaves freeing its place in the running batch."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from tests.conftest import FIXTURE_FUNCTIONS
+
+REPO = FIXTURE_FUNCTIONS.parents[2]
+
+
+@pytest.fixture
+def counter(start_platform):
+    # Every silence and every plain request is bounded by 2 s here; streams are not.
+    platform = start_platform(env={"DILU_REQUEST_TIMEOUT_S": "2"})
+    deployed = platform.cli("deploy", str(FIXTURE_FUNCTIONS / "counter_stream" / "model.yaml"))
+    assert deployed.returncode == 0, deployed.stderr
+    deployed = platform.cli("deploy", str(REPO / "examples" / "echo" / "model.yaml"))
+    assert deployed.returncode == 0, deployed.stderr
+    return platform
+
+
+def _invoke_url(platform, name: str) -> str:
+    return f"{platform.url}/v1/functions/{name}/invoke"
+
+
+def test_chunks_stream_as_events_or_lines_and_a_plain_request_gets_the_whole_answer(counter) -> None:
+    url = _invoke_url(counter, "counter")
+    with httpx.stream("POST", url, json={"to": 3}, headers={"accept": "text/event-stream"}, timeout=30) as reply:
+        assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in reply.iter_lines() if line]
+    assert events == ['data: {"n": 1}', 'data: {"n": 2}', 'data: {"n": 3}', "data: [DONE]"]
+    with httpx.stream("POST", url, json={"to": 2}, headers={"accept": "application/x-ndjson"}, timeout=30) as reply:
+        lines = [json.loads(line) for line in reply.iter_lines() if line]
+    assert lines == [{"n": 1}, {"n": 2}]
+    plain = httpx.post(url, json={"to": 4}, timeout=30)
+    assert plain.status_code == 200 and plain.json() == {"counted": [1, 2, 3, 4]}
+    # Refused before its first chunk: a plain error, not a stream.
+    refused = httpx.post(url, json={"to": 0}, headers={"accept": "text/event-stream"}, timeout=30)
+    assert refused.status_code == 422 and "n >= 1" in refused.json()["error"]
+    not_streaming = httpx.post(_invoke_url(counter, "echo"), json={"x": 1}, headers={"accept": "text/event-stream"},
+                               timeout=30)
+    assert not_streaming.status_code == 400 and "does not stream" in not_streaming.json()["error"]
+
+
+def test_a_stream_that_keeps_producing_outlives_the_request_timeout(counter) -> None:
+    # 30 steps of 0.1 s: 3 s in all, past the 2 s bound, with no silence near it.
+    with httpx.stream("POST", _invoke_url(counter, "counter"), json={"to": 30, "step_s": 0.1},
+                      headers={"accept": "application/x-ndjson"}, timeout=30) as reply:
+        lines = [json.loads(line) for line in reply.iter_lines() if line]
+    assert [line["n"] for line in lines] == list(range(1, 31))
+
+
+def test_a_caller_who_leaves_frees_the_batch_for_the_next(counter) -> None:
+    url = _invoke_url(counter, "counter")
+    # The batch holds one request; this one would run for 1,000 steps of 0.05 s (50 s).
+    with httpx.stream("POST", url, json={"to": 1000, "step_s": 0.05}, headers={"accept": "text/event-stream"},
+                      timeout=30) as reply:
+        first = next(line for line in reply.iter_lines() if line)
+        assert first == 'data: {"n": 1}'
+    # Leaving closed the connection; the next request gets the slot at the next step, well
+    # within its 2 s bound (it would otherwise wait out the 50 s generation and fail).
+    after = httpx.post(url, json={"to": 2}, timeout=30)
+    assert after.status_code == 200 and after.json() == {"counted": [1, 2]}
+
+
+def test_the_gpt_example_streams_the_tokens_of_its_plain_answer(start_platform) -> None:
+    platform = start_platform()
+    deployed = platform.cli("deploy", str(REPO / "examples" / "gpt" / "model.yaml"))
+    assert deployed.returncode == 0, deployed.stderr
+    request = {"prompt": "Once upon a time", "max_new_tokens": 12}
+    plain = platform.invoke("gpt", request)
+    assert plain.status_code == 200, plain.text
+    with httpx.stream("POST", _invoke_url(platform, "gpt"), json=request, headers={"accept": "text/event-stream"},
+                      timeout=60) as reply:
+        events = [line.removeprefix("data: ") for line in reply.iter_lines() if line]
+    assert events[-1] == "[DONE]"
+    assert [json.loads(event)["token"] for event in events[:-1]] == plain.json()["tokens"]
+    too_many = platform.invoke("gpt", {"prompt": "x", "max_new_tokens": 10_000})
+    assert too_many.status_code == 422 and "max_new_tokens" in too_many.json()["error"]
