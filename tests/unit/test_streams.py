@@ -4,7 +4,9 @@ done or when their caller goes, and a plain request gets the whole answer."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -49,11 +51,19 @@ async def _collect(stream) -> list:
     return [chunk async for chunk in stream.chunks()]
 
 
-async def test_a_request_joins_the_running_generation_at_its_next_step_and_leaves_when_done() -> None:
-    handler = Counter()
-    runner = StreamRunner(handler, max_batch_size=4)
+@contextlib.asynccontextmanager
+async def _running(handler: Counter, max_batch_size: int) -> AsyncIterator[StreamRunner]:
+    runner = StreamRunner(handler, max_batch_size=max_batch_size)
     task = asyncio.create_task(runner.run())
     try:
+        yield runner
+    finally:
+        task.cancel()
+
+
+async def test_a_request_joins_the_running_generation_at_its_next_step_and_leaves_when_done() -> None:
+    handler = Counter()
+    async with _running(handler, 4) as runner:
         first = runner.submit({"name": "a", "n": 3})
         await _entered(handler)                 # step 1 of "a" is running
         second = runner.submit({"name": "b", "n": 3})
@@ -64,15 +74,11 @@ async def test_a_request_joins_the_running_generation_at_its_next_step_and_leave
         assert await _collect(first) == [1, 2, 3] and await _collect(second) == [1, 2, 3]
         # "b" joined at step 2, not after "a" finished; "a" left after its third step.
         assert handler.steps == [["a"], ["a", "b"], ["a", "b"], ["b"]]
-    finally:
-        task.cancel()
 
 
 async def test_a_caller_who_leaves_frees_its_slot_within_one_step() -> None:
     handler = Counter()
-    runner = StreamRunner(handler, max_batch_size=1)
-    task = asyncio.create_task(runner.run())
-    try:
+    async with _running(handler, 1) as runner:
         leaving = runner.submit({"name": "a", "n": 100})
         waiting = runner.submit({"name": "b", "n": 1})   # the batch holds one: "b" waits for the slot
         await _entered(handler)
@@ -82,15 +88,11 @@ async def test_a_caller_who_leaves_frees_its_slot_within_one_step() -> None:
         handler.gate.release()
         assert await _collect(waiting) == [1]
         assert handler.steps == [["a"], ["b"]]
-    finally:
-        task.cancel()
 
 
-async def test_a_refused_start_fails_its_request_only_and_a_failed_step_fails_the_batch() -> None:
+async def test_a_refused_or_broken_start_fails_its_request_only() -> None:
     handler = Counter()
-    runner = StreamRunner(handler, max_batch_size=4)
-    task = asyncio.create_task(runner.run())
-    try:
+    async with _running(handler, 4) as runner:
         refused = runner.submit({"name": "x", "n": 0})
         with pytest.raises(BatchError, match="n must be at least 1") as caught:
             await _collect(refused)
@@ -99,21 +101,15 @@ async def test_a_refused_start_fails_its_request_only_and_a_failed_step_fails_th
         with pytest.raises(BatchError) as caught:
             await _collect(broken)
         assert caught.value.status == 500
-    finally:
-        task.cancel()
 
 
 async def test_a_plain_request_gets_the_whole_answer_and_a_stream_its_events() -> None:
     handler = Counter()
-    runner = StreamRunner(handler, max_batch_size=4)
-    task = asyncio.create_task(runner.run())
     for _ in range(4):
         handler.gate.release()
-    try:
+    async with _running(handler, 4) as runner:
         assert await whole_answer(handler, runner.submit({"name": "a", "n": 2})) == {"counted": [1, 2]}
         events = [piece async for piece in stream_body(runner.submit({"name": "b", "n": 2}), "sse")]
         assert events == [b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n"]
-    finally:
-        task.cancel()
     assert stream_kind("text/event-stream") == "sse" and stream_kind("application/x-ndjson") == "ndjson"
     assert stream_kind("application/json") is None and stream_kind(None) is None
