@@ -177,6 +177,10 @@ class SpecModel(_Strict):
         None, description="The handler takes and returns arrays: predict({input name: array}) -> {output name: "
                           "array}, a batch stacked along the first axis; numpy arrays, or torch tensors on the "
                           "instance's device. Inference-protocol tensors then reach it as raw bytes")
+    generates: Literal["text"] | None = Field(
+        None, description="text: a text generator, also served by the OpenAI-compatible routes (/v1/completions, "
+                          "/v1/chat/completions, /v1/models) as the model of its name; it takes {prompt, messages, "
+                          "max_new_tokens, temperature, stop} and streams chunks holding text")
     warmup: Warmup | None = Field(None, description="A request each instance runs before it is ready "
                                                     "(its time is the loading stage 'warmup')")
 

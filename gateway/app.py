@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from dilu.workflows.loading import WorkflowLoader
+from gateway import openai_api
 from gateway.auth import AuthGate
 from gateway.errors import KeepsConnections, errors_in_openapi, install_error_handlers
 from gateway.fast_path import FastPaths
@@ -47,6 +48,7 @@ def create_app(build_services: Callable[[], Awaitable[GatewayServices]],
     app.include_router(workflows.router)
     app.include_router(v2_rest.router)
     app.include_router(dashboard.router)
+    app.include_router(openai_api.router)
     errors_in_openapi(app, v2_rest.add_schemas)
     return app
 

@@ -119,6 +119,7 @@ def authorization_header(headers: Mapping[str, str] | list[tuple[bytes, bytes]])
 
 
 SCOPES_KEY = "dilu_scopes"
+OPENAI_PATHS = frozenset({"/v1/models", "/v1/completions", "/v1/chat/completions"})
 OPEN_PATHS = frozenset({"/healthz", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json",
                         "/v2", "/v2/health/live", "/v2/health/ready"})
 
@@ -130,6 +131,8 @@ def need_for(method: str, path: str, metrics_public: bool) -> tuple[Need | None,
         return None, None
     if method in ("GET", "HEAD") and (path == "/dashboard" or path.startswith("/dashboard/")):
         return None, None   # the page and its script hold no data; what they fetch needs a key
+    if path in OPENAI_PATHS:
+        return None, None   # the OpenAI routes check the key themselves, per model, in OpenAI's error shape
     parts = path.strip("/").split("/")
     if method == "POST" and len(parts) == 4 and parts[:2] == ["v1", "functions"] and parts[3] == "invoke":
         return Need.INVOKE, parts[2]

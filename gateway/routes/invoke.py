@@ -110,7 +110,8 @@ async def handle_invoke(services: GatewayServices, name: str, next_chunk: BodyCh
 
 
 async def invoke_body(services: GatewayServices, name: str, body: bytes | memoryview, max_bytes: int | None = None,
-                      from_workflow: bool = False, content_type: str = JSON, tensors: str | None = None) -> Outcome:
+                      from_workflow: bool = False, content_type: str = JSON, tensors: str | None = None,
+                      accept: str | None = None) -> Outcome:
     """One invocation of a body already in memory (what the inference protocol and workflows
     hand over)."""
     sent = False
@@ -122,7 +123,8 @@ async def invoke_body(services: GatewayServices, name: str, body: bytes | memory
         sent = True
         return body, False
 
-    return await handle_invoke(services, name, next_chunk, None, max_bytes, from_workflow, content_type, tensors)
+    return await handle_invoke(services, name, next_chunk, None, max_bytes, from_workflow, content_type, tensors,
+                               accept)
 
 
 async def _invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
