@@ -27,6 +27,7 @@ _PASSED = frozenset(name.encode() for name in PASSED_HEADERS)
 _TENSORS = TENSORS_HEADER.encode()
 IDLE_S = 60.0     # an idle connection is dropped after this; instances keep theirs for 75 s
 MAX_IDLE_PER_INSTANCE = 256
+STREAM_BUFFER_PIECES = 64   # a stream's pieces held for a slow caller before the instance is paused
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,10 @@ class _Connection(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         if self.pieces is not None:
             self.pieces.put_nowait(body)
+            # A caller who reads slower than the instance writes: stop reading the instance (its
+            # generation then waits on its socket) rather than buffer the stream here.
+            if self.pieces.qsize() >= STREAM_BUFFER_PIECES and self.transport is not None:
+                self.transport.pause_reading()
         else:
             self._body.append(body)
 
@@ -293,6 +298,8 @@ class Forwarder:
                         return
                     if isinstance(piece, Exception):
                         raise piece
+                    if pieces.qsize() < STREAM_BUFFER_PIECES // 2 and connection.transport is not None:
+                        connection.transport.resume_reading()
                     yield piece
             finally:
                 close()
