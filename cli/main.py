@@ -297,6 +297,13 @@ def describe(name: str) -> None:
         starts = max(entry["samples"] for entry in loading.values())
         total = sum(entry["mean_s"] for entry in loading.values())
         out.print(f"loading: {total:.2f}s ({parts}; mean of {starts} start(s))", highlight=False)
+    streams = function.get("streams")
+    if streams:
+        gap = "" if streams["chunk_gap_p50_ms"] is None else (
+            f", between chunks p50 {streams['chunk_gap_p50_ms']:g} ms (p99 {streams['chunk_gap_p99_ms']:g})")
+        out.print(f"streams: first chunk p50 {streams['first_chunk_p50_ms']:g} ms (p99 "
+                  f"{streams['first_chunk_p99_ms']:g}){gap}; this gateway, last {streams['window_s']:g} s",
+                  highlight=False)
     out.print_json(json.dumps(function["spec"]))
     table = Table("INSTANCE", "WORKER", "VERSION", "STATE", "ENDPOINT", "SLICE", "GRANTED", "USED", "KLC",
                   "HELD", "PROGRESS")

@@ -70,6 +70,8 @@ class FunctionPublic(BaseModel):
     loading: dict[str, Any] | None = Field(None, description="This version's cold start by stage (spawn, runtime, "
                                                              "imports, load, ready): running mean seconds and "
                                                              "starts seen")
+    streams: dict[str, Any] | None = Field(None, description="Streamed answers at this gateway, recent: time to "
+                                                             "first chunk and between chunks, p50 and p99 in ms")
     spec: dict[str, Any]
     source_dir: str = Field(description="The local folder it was deployed from; empty for a bundle or an image")
     bundle: str | None = Field(None, description="Digest of the uploaded code bundle")

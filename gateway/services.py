@@ -32,6 +32,7 @@ from gateway.auth import Authenticator
 from gateway.dashboard.view import LatencyWindow, ShareHistory, sample
 from gateway.forward import Forwarder
 from gateway.routing import RoutingTable
+from gateway.streams import StreamTimes
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +142,7 @@ class GatewayServices:
         self.scheduler = create_scheduler(settings.scheduler)  # admits resizes as placements are admitted
         self.auth = Authenticator(sessions, settings.admin_key, always_closed=not is_loopback(settings.host))
         self.latency = LatencyWindow()     # the dashboard's p99 of what it served, end to end
+        self.stream_times = StreamTimes()  # time to first chunk and between chunks, for describe
         # What a request takes once an instance has it (waits for a cold start left out): the
         # expected time of a workflow's node, which the plan of its loads builds on.
         self.service_time = LatencyWindow()

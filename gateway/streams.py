@@ -11,15 +11,35 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Callable
 
+from gateway.dashboard.view import LatencyWindow
 from gateway.forward import InstanceFailed, InstanceTimeout, Streamed
 from gateway.metrics import STREAM_FIRST, STREAM_GAP
+
+
+class StreamTimes:
+    """This gateway's recent stream timings per function, for ``dilu describe``."""
+
+    def __init__(self) -> None:
+        self.first = LatencyWindow()
+        self.gap = LatencyWindow()
+
+    def summary(self, function: str, now: float) -> dict[str, float] | None:
+        """Time to first chunk and between chunks, p50 and p99 in ms; None before any stream."""
+        first_p50, gap_p50 = self.first.median_s(function, now), self.gap.median_s(function, now)
+        if first_p50 is None:
+            return None
+        return {"first_chunk_p50_ms": round(first_p50 * 1000, 3),
+                "first_chunk_p99_ms": self.first.p99_ms(function, now),
+                "chunk_gap_p50_ms": None if gap_p50 is None else round(gap_p50 * 1000, 3),
+                "chunk_gap_p99_ms": self.gap.p99_ms(function, now), "window_s": self.first.window_s}
 
 
 class Relay:
     """One stream to a caller: iterate ``pieces()``; ``close()`` (idempotent) when done with it."""
 
     def __init__(self, function: str, streamed: Streamed, idle_s: float, max_s: float,
-                 on_end: Callable[[], None], arrived: float) -> None:
+                 on_end: Callable[[], None], arrived: float, times: StreamTimes | None = None) -> None:
+        self._times = times
         self._function = function
         self._streamed = streamed
         self._idle_s = idle_s
@@ -33,10 +53,11 @@ class Relay:
         try:
             async for piece in self._streamed.chunks(self._idle_s, self._deadline):
                 now = time.perf_counter()
-                if last is None:
-                    STREAM_FIRST.labels(self._function).observe(now - self._arrived)
-                else:
-                    STREAM_GAP.labels(self._function).observe(now - last)
+                waited = now - (self._arrived if last is None else last)
+                (STREAM_FIRST if last is None else STREAM_GAP).labels(self._function).observe(waited)
+                if self._times is not None:
+                    (self._times.first if last is None else self._times.gap).observe(self._function, time.time(),
+                                                                                     waited)
                 last = now
                 yield piece
         except (InstanceTimeout, InstanceFailed):

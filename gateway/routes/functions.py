@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
+from typing import Any
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 from sqlalchemy.orm import Session
@@ -28,7 +30,7 @@ router = APIRouter(prefix="/v1/functions", tags=["functions"], dependencies=SECU
 
 
 def to_public(row: FunctionRow, session: Session, base_url: str,
-              routing: RoutingTable | None = None) -> FunctionPublic:
+              routing: RoutingTable | None = None, streams: dict[str, Any] | None = None) -> FunctionPublic:
     instances = [i for i in repo.list_instances(session=session, function=row.name, active_only=True)
                  if i.role == InstanceRole.SERVE]
     profile = repo.get_profile(session=session, function=row.name, version=row.version)
@@ -44,7 +46,7 @@ def to_public(row: FunctionRow, session: Session, base_url: str,
         name=row.name, version=row.version, status=row.status, error=row.error,
         ready_instances=sum(1 for i in instances if i.state == READY),
         starting_instances=sum(1 for i in instances if i.state == STARTING),
-        requests_total=row.requests_total, invoke_url=f"{base_url}/v1/functions/{row.name}/invoke",
+        requests_total=row.requests_total, invoke_url=f"{base_url}/v1/functions/{row.name}/invoke", streams=streams,
         spec=row.spec, source_dir=row.source_dir, bundle=row.bundle, created_at=row.created_at,
         updated_at=row.updated_at)
 
@@ -133,7 +135,8 @@ def list_functions(request: Request, session: SessionDep, services: ServicesDep)
 
 @router.get("/{name}", response_model=FunctionPublic, responses=errors(404, 422))
 def get_function(name: str, request: Request, session: SessionDep, services: ServicesDep) -> FunctionPublic:
-    return to_public(_existing(session, name), session, _base_url(request), services.routing)
+    return to_public(_existing(session, name), session, _base_url(request), services.routing,
+                     services.stream_times.summary(name, time.time()))
 
 
 @router.delete("/{name}", status_code=200, responses=errors(404, 422))

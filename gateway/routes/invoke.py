@@ -230,7 +230,8 @@ async def _open_stream(services: GatewayServices, name: str, instance_id: str, u
             services.routing.release(name, instance_id)
             services.activity.answered(name)
 
-        return reply, Relay(name, streamed, settings.request_timeout_s, settings.max_stream_s, ended, arrived)
+        return reply, Relay(name, streamed, settings.request_timeout_s, settings.max_stream_s, ended, arrived,
+                            services.stream_times)
     pieces = [piece async for piece in streamed.chunks(settings.request_timeout_s)]
     return Reply(streamed.status, b"".join(pieces), streamed.content_type, streamed.headers), None
 

@@ -46,6 +46,11 @@ def test_chunks_stream_as_events_or_lines_and_a_plain_request_gets_the_whole_ans
     not_streaming = httpx.post(_invoke_url(counter, "echo"), json={"x": 1}, headers={"accept": "text/event-stream"},
                                timeout=30)
     assert not_streaming.status_code == 400 and "does not stream" in not_streaming.json()["error"]
+    # The streams' timings show in the function's description.
+    streams = counter.function("counter")["streams"]
+    assert streams["first_chunk_p50_ms"] > 0 and streams["chunk_gap_p50_ms"] > 0
+    described = counter.cli("describe", "counter")
+    assert described.returncode == 0 and "streams: first chunk p50" in described.stdout, described.stdout
 
 
 def test_a_stream_that_keeps_producing_outlives_the_request_timeout(counter) -> None:
