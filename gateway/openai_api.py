@@ -56,8 +56,9 @@ def _generators(services: GatewayServices) -> list[str]:
 async def _check_key(services: GatewayServices, request: Request, model: str | None) -> tuple[str, ...]:
     """The key's scopes, after checking it may invoke ``model`` (any valid key for None)."""
     header = request.headers.get("authorization")
-    denied = await services.auth.check(header, Need.INVOKE, model) if model else None
-    if model is None:
+    if model is not None:
+        denied = await services.auth.check(header, Need.INVOKE, model)
+    else:
         denied = await services.auth.check(header, Need.MODEL, None)
         if denied is not None and denied.status == 403:
             denied = None     # any valid key may list the models it can use

@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
@@ -140,32 +141,30 @@ async def _streamed(state: RuntimeState, stream: Stream, kind: str) -> Response:
     """The chunks as they come, once the first is made (a request refused before its first chunk
     gets its error as a plain answer); a caller who leaves cancels its request at the next step."""
     pieces = stream_body(stream, kind)
-    serving = state.gpu_requests.serving()
-    serving.__enter__()
     try:
-        first = await anext(pieces)
-    except StopAsyncIteration:
-        first = b""
+        with state.gpu_requests.serving():
+            first = await anext(pieces, b"")
     except BaseException:
-        serving.__exit__(None, None, None)
         stream.cancel()
         raise
     failure = stream.failure
     if failure is not None:    # the first piece is its error event
-        serving.__exit__(None, None, None)
         return _error(failure.status, f"invalid input: {failure}" if failure.status < 500 else
                       f"handler error: {failure}")
 
     async def relay() -> AsyncIterator[bytes]:
         try:
-            yield first
-            async for piece in pieces:
-                yield piece
+            with state.gpu_requests.serving():
+                yield first
+                async for piece in pieces:
+                    yield piece
         finally:
             stream.cancel()
-            serving.__exit__(None, None, None)
 
-    return StreamingResponse(relay(), media_type=STREAM_TYPES[kind],
+    body = relay()
+    # A response dropped before it was sent never starts its body, whose finally would not run.
+    weakref.finalize(body, stream.cancel)
+    return StreamingResponse(body, media_type=STREAM_TYPES[kind],
                              headers={"cache-control": "no-cache", "x-dilu-instance": state.config.instance_id})
 
 
