@@ -15,6 +15,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from cli.artifacts import upload_weights
 from cli.client import CliError, GatewayClient
 from cli.common import call, client, err, fail, json_input, out, read_file, styled
 from cli.simulate import simulate
@@ -181,12 +182,13 @@ def _names_image(spec_text: str) -> bool:
     return isinstance(document, dict) and bool(document.get("image"))
 
 
-def _upload_bundle(client: GatewayClient, folder: Path) -> str:
-    """Packs ``folder`` and uploads it unless the gateway has it already; returns its digest."""
+def _upload_bundle(client: GatewayClient, folder: Path, leave_out: tuple[Path, ...] = ()) -> str:
+    """Packs ``folder`` (without the files ``leave_out`` names) and uploads it unless the gateway
+    has it already; returns its digest."""
     from dilu.bundles import BundleError, digest_of, pack
 
     try:
-        data = pack(folder, CliSettings().max_bundle_bytes)
+        data = pack(folder, CliSettings().max_bundle_bytes, leave_out)
     except BundleError as exc:
         raise CliError(str(exc)) from None
     digest = digest_of(data)
@@ -210,11 +212,13 @@ def deploy(
     text = read_file(file)
     client = _client()
     try:
+        text, weights_file = upload_weights(client, text, file.resolve().parent)
         body = {"yaml": text}
         if local:
             body["source_dir"] = str(file.resolve().parent)
         elif not _names_image(text):
-            body["bundle"] = _upload_bundle(client, file.resolve().parent)
+            body["bundle"] = _upload_bundle(client, file.resolve().parent,
+                                            (weights_file,) if weights_file else ())
         function = client.json("POST", "/v1/functions", json=body)
         name, version = function["name"], function["version"]
         out.print(f"deploying {name} (version {version})", highlight=False)

@@ -69,10 +69,12 @@ def ignored(relative: str, is_dir: bool, patterns: list[str]) -> bool:
     return False
 
 
-def pack(folder: Path, max_bytes: int) -> bytes:
-    """The folder as a deterministic .tar.gz, without ignored files; BundleError past ``max_bytes``
-    (compressed), naming the largest files so the user knows what to add to ``.dilignore``."""
+def pack(folder: Path, max_bytes: int, leave_out: tuple[Path, ...] = ()) -> bytes:
+    """The folder as a deterministic .tar.gz, without ignored files and the files ``leave_out``
+    names (a weights file, uploaded as an artifact); BundleError past ``max_bytes`` (compressed),
+    naming the largest files so the user knows what to add to ``.dilignore``."""
     folder = folder.resolve()
+    left_out = {path.resolve() for path in leave_out}
     if not folder.is_dir():
         raise BundleError(f"{folder} is not a folder")
     patterns = read_ignore_patterns(folder)
@@ -86,7 +88,8 @@ def pack(folder: Path, max_bytes: int) -> bytes:
         dirs[:] = sorted(d for d in dirs if not ignored(rel(d), True, patterns) and not (base / d).is_symlink())
         for name in sorted(names):
             path = base / name
-            if path.is_file() and not path.is_symlink() and not ignored(rel(name), False, patterns):
+            if path.is_file() and not path.is_symlink() and not ignored(rel(name), False, patterns) \
+                    and path not in left_out:
                 files.append((rel(name), path))
     total = sum(path.stat().st_size for _, path in files)
     if total > max_bytes * UNPACKED_FACTOR:

@@ -32,6 +32,10 @@ class CommonSettings(BaseSettings):
                                                "and the admission of resizes)")
     max_bundle_bytes: int = Field(200 * 1024 * 1024, gt=0, description="Largest code bundle (compressed) the "
                                                                        "gateway accepts and a worker unpacks")
+    artifact_store: Path | None = Field(None, description="Folder of weight artifacts, shared by the gateways "
+                                                          "(which write it) and the workers (which read it); "
+                                                          "<home>/artifacts when unset")
+    max_artifact_bytes: int = Field(64 * 2**30, gt=0, description="Largest weights artifact the gateway accepts")
     cluster_key: str | None = Field(None, min_length=24, description="Shared secret of the roles: workers take "
                                                                      "orders only from callers that send it")
     stats_flush_s: float = Field(0.5, gt=0, description="How often the gateways' request counters reach the state "
@@ -65,6 +69,10 @@ class CommonSettings(BaseSettings):
     @property
     def effective_database_url(self) -> str:
         return self.database_url or f"sqlite:///{self.home / 'dilu.db'}"
+
+    @property
+    def effective_artifact_store(self) -> Path:
+        return self.artifact_store or self.home / "artifacts"
 
     @property
     def logs_dir(self) -> Path:

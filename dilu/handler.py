@@ -13,6 +13,9 @@ Contract (duck-typed, subclassing is optional):
   final one. Requests join and leave the running batch between steps. Optional
   ``finish(chunks) -> result`` makes the whole answer a plain (not streamed) request gets;
   without it, that answer is the list of chunks.
+- A function whose spec names ``weights`` (a safetensors artifact) reads them with
+  ``dilu.weights()`` (in ``load()`` or later): ``{name: tensor}``, mapped from the host's copy of
+  the file, not read or unpickled; on a GPU instance already on its device.
 - An input the handler cannot accept is the caller's fault: raise ``InputError`` (or return an
   ``InputError`` in its place) and that request is answered 422 with the message. Any other
   exception is answered 500 with its message. Either way, when a batch fails the runtime runs
@@ -44,6 +47,25 @@ def report_progress(units: float = 1.0) -> None:
 def progress_units() -> float:
     """All units reported so far in this process."""
     return _progress_units
+
+
+_weights: dict[str, Any] | None = None
+
+
+def weights() -> dict[str, Any]:
+    """The function's weights, ``{tensor name: tensor}``: torch tensors on the instance's device
+    when torch is installed, else read-only numpy arrays. On the CPU they are views of the mapped
+    file (instances on one host share its pages); writing to one is refused. RuntimeError when
+    the spec names no ``weights``."""
+    if _weights is None:
+        raise RuntimeError("this function has no weights: name a safetensors file as `weights:` in its spec")
+    return _weights
+
+
+def set_weights(tensors: dict[str, Any]) -> None:
+    """The runtime's side of ``weights()``: called once, before the handler is built."""
+    global _weights
+    _weights = tensors
 
 
 class InputError(ValueError):

@@ -60,10 +60,13 @@ class InstanceConfig:
     inputs: dict[str, str] | None = None    # declared tensors, name -> datatype (for arrays)
     outputs: dict[str, str] | None = None
     shapes: dict[str, list[int]] | None = None   # declared input shapes (-1: any size), checked on JSON input
+    weights: str | None = None   # the safetensors file of the spec's weights, as the instance sees it
 
     @classmethod
-    def for_spec(cls, instance_id: str, function: str, spec: Mapping[str, Any], source_dir: str) -> InstanceConfig:
-        """The configuration of an instance of ``spec`` (the function's spec as a dict)."""
+    def for_spec(cls, instance_id: str, function: str, spec: Mapping[str, Any], source_dir: str,
+                 weights: str | None = None) -> InstanceConfig:
+        """The configuration of an instance of ``spec`` (the function's spec as a dict), its
+        weights at ``weights`` when it has them."""
         def declared(tensors: list[dict[str, Any]] | None) -> dict[str, str] | None:
             return {t["name"]: t["datatype"] for t in tensors} if tensors else None
 
@@ -72,7 +75,8 @@ class InstanceConfig:
                    max_wait_ms=spec["batching"]["max_wait_ms"], warmup=spec.get("warmup"),
                    arrays=spec.get("arrays"), inputs=declared(spec.get("inputs")),
                    outputs=declared(spec.get("outputs")),
-                   shapes={t["name"]: list(t["shape"]) for t in spec.get("inputs") or []} or None)
+                   shapes={t["name"]: list(t["shape"]) for t in spec.get("inputs") or []} or None,
+                   weights=weights or None)
 
     @classmethod
     def from_file(cls, path: str) -> InstanceConfig:

@@ -1,25 +1,32 @@
 """Loading stages of an instance's cold start, and their running estimates per function version (pure).
 
-From the worker's start call to ready: ``spawn`` (the process or container comes up), ``runtime``
-(interpreter and the instance server's imports, or taking over a pre-started process), ``imports``
-(the handler's module, with its libraries: torch and the like), ``device`` (on a GPU, creating
-the CUDA context), ``load`` (the handler's ``load()``: weights), ``warmup`` (the spec's warm-up
-requests: the first calls' allocations and lazy initialisation), ``ready`` (the server's last
-steps). Stages an instance did not go through (no GPU, no warm-up) are left out. Each estimate is
-an exponentially weighted mean of the starts seen.
+From the worker's start call to ready: ``fetch`` (the worker copies the function's weights
+artifact from the store into its host's cache, once per host), ``spawn`` (the process or
+container comes up), ``runtime`` (interpreter and the instance server's imports, or taking over a
+pre-started process), ``imports`` (the handler's module, with its libraries: torch and the like),
+``device`` (on a GPU, creating the CUDA context), ``map`` (mapping the weights file), ``copy``
+(the weights from the mapped pages to the GPU), ``load`` (the handler's ``load()``), ``warmup``
+(the spec's warm-up requests: the first calls' allocations and lazy initialisation, and on the
+CPU the first touch of mapped weights), ``ready`` (the server's last steps). Stages an instance
+did not go through (no GPU, no weights, no warm-up) are left out. Each estimate is an
+exponentially weighted mean of the starts seen.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-STAGES = ("spawn", "runtime", "imports", "device", "load", "warmup", "ready")
+STAGES = ("fetch", "spawn", "runtime", "imports", "device", "map", "copy", "load", "warmup", "ready")
 # stage -> (mark it starts at, mark it ends at); "requested" is the worker's start call.
-_BOUNDS = {"spawn": ("requested", "process_start"), "runtime": ("process_start", "serving"),
-           "imports": ("serving", "handler_imported"), "device": ("handler_imported", "device_ready"),
-           "load": ("device_ready", "loaded"), "warmup": ("loaded", "warmed"), "ready": ("warmed", "ready")}
-# Marks of optional stages: when absent, the stage was skipped and its end is its start.
-_OPTIONAL = {"device_ready": "handler_imported", "warmed": "loaded"}
+_BOUNDS = {"fetch": ("requested", "fetched"), "spawn": ("fetched", "process_start"),
+           "runtime": ("process_start", "serving"), "imports": ("serving", "handler_imported"),
+           "device": ("handler_imported", "device_ready"), "map": ("device_ready", "mapped"),
+           "copy": ("mapped", "copied"), "load": ("copied", "loaded"), "warmup": ("loaded", "warmed"),
+           "ready": ("warmed", "ready")}
+# Marks of optional stages: when absent, the stage was skipped and its end is its start (in
+# this order, as one stands in for the next).
+_OPTIONAL = {"fetched": "requested", "device_ready": "handler_imported", "mapped": "device_ready",
+             "copied": "mapped", "warmed": "loaded"}
 WEIGHT = 0.3   # of the newest start in the running mean
 
 
@@ -28,8 +35,11 @@ def stages_from_marks(requested_at: float, marks: dict[str, float]) -> dict[str,
     marks are missing (skipped, or not reported) are left out, negative spans (clock steps) count
     as 0."""
     times = {"requested": requested_at, **{k: float(v) for k, v in marks.items() if isinstance(v, (int, float))}}
-    skipped = {mark for mark, instead in _OPTIONAL.items() if mark not in times and instead in times}
-    times.update({mark: times[_OPTIONAL[mark]] for mark in skipped})
+    skipped = set()
+    for mark, instead in _OPTIONAL.items():
+        if mark not in times and instead in times:
+            times[mark] = times[instead]
+            skipped.add(mark)
     return {stage: round(max(0.0, times[end] - times[start]), 4)
             for stage, (start, end) in _BOUNDS.items() if start in times and end in times and end not in skipped}
 

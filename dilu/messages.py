@@ -82,6 +82,7 @@ class StartInstance(_Wire):
     memory_bytes: int
     compute: ComputeSlice = DEFAULT_SLICE
     bundle: str | None = None   # "sha256:<hex>" of the uploaded code; else ``source_dir`` or the spec's image
+    weights_path: str = ""   # the host's copy of the spec's weights artifact (the worker fills it in)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -181,6 +181,11 @@ class SpecModel(_Strict):
         None, description="text: a text generator, also served by the OpenAI-compatible routes (/v1/completions, "
                           "/v1/chat/completions, /v1/models) as the model of its name; it takes {prompt, messages, "
                           "max_new_tokens, temperature, stop} and streams chunks holding text")
+    weights: str | None = Field(
+        None,
+        description="The function's weights: a safetensors artifact named by its digest (sha256:<hex>). In "
+                    "model.yaml, a path to the file (relative to it): dilu deploy uploads it once and sends the "
+                    "digest. Instances map it and the handler reads it with dilu.weights()")
     warmup: Warmup | None = Field(None, description="A request each instance runs before it is ready "
                                                     "(its time is the loading stage 'warmup')")
 
@@ -203,6 +208,16 @@ class SpecModel(_Strict):
     def serves_v2(self) -> bool:
         """Whether the function declares its tensors (and so answers the inference protocol)."""
         return bool(self.inputs)
+
+    @field_validator("weights")
+    @classmethod
+    def _weights_digest(cls, value: str | None) -> str | None:
+        from dilu.bundles import is_digest
+
+        if value is not None and not is_digest(value):
+            raise ValueError(f"weights: {value[:200]!r} is not an artifact digest (sha256:<64 hex digits>): "
+                             "dilu deploy uploads the file model.yaml names and sends its digest")
+        return value
 
     @field_validator("env")
     @classmethod

@@ -16,7 +16,7 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 HOME=/tmp
 RUN python3 -m venv /opt/venv \
  && pip install --no-cache-dir $PIP_ARGS --extra-index-url "$TORCH_INDEX_URL" "torch==$TORCH_VERSION" \
- && pip install --no-cache-dir $PIP_ARGS "uvicorn>=0.29" "uvloop>=0.19" "httptools>=0.6" "starlette>=0.37" "prometheus-client>=0.20" "orjson>=3.9" "numpy>=1.26" \
+ && pip install --no-cache-dir $PIP_ARGS "uvicorn>=0.29" "uvloop>=0.19" "httptools>=0.6" "starlette>=0.37" "prometheus-client>=0.20" "orjson>=3.9" "numpy>=1.26" "safetensors>=0.4" \
  && find /opt/venv -name '__pycache__' -prune -exec rm -rf {} + \
  && (useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin dilu 2>/dev/null || true)
 WORKDIR /opt/dilu/runtime

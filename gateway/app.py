@@ -13,7 +13,7 @@ from gateway.auth import AuthGate
 from gateway.errors import KeepsConnections, errors_in_openapi, install_error_handlers
 from gateway.fast_path import FastPaths
 from gateway.limits import BodyLimits
-from gateway.routes import bundles, dashboard, functions, invoke, keys, system, workflows
+from gateway.routes import artifacts, bundles, dashboard, functions, invoke, keys, system, workflows
 from gateway.services import GatewayServices
 from gateway.v2 import rest as v2_rest
 from gateway.workflow_platform import GatewayPlatform
@@ -42,6 +42,7 @@ def create_app(build_services: Callable[[], Awaitable[GatewayServices]],
     install_error_handlers(app)
     app.include_router(system.router)
     app.include_router(bundles.router)
+    app.include_router(artifacts.router)
     app.include_router(functions.router)
     app.include_router(invoke.router)
     app.include_router(keys.router)

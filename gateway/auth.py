@@ -143,7 +143,7 @@ def need_for(method: str, path: str, metrics_public: bool) -> tuple[Need | None,
         return (Need.INVOKE if method == "POST" else Need.MODEL), parts[2]
     if method in ("GET", "HEAD"):
         if (len(parts) == 4 and parts[:2] == ["v1", "functions"] and parts[3] == "logs") or \
-                parts[:2] in (["v1", "keys"], ["v1", "bundles"]):
+                parts[:2] in (["v1", "keys"], ["v1", "bundles"], ["v1", "artifacts"]):
             return Need.ADMIN, None
         return Need.READ, None
     return Need.ADMIN, None

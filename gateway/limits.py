@@ -10,9 +10,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from dilu.config import GatewaySettings
 from dilu.limits import LimitExceeded, check_json_depth
 
-# Streamed with their own limits: bundles (DILU_MAX_BUNDLE_BYTES), inference requests of the
-# v2 protocol (DILU_MAX_REQUEST_BYTES, binary or JSON).
-EXEMPT_PREFIXES = ("/v1/bundles", "/v2/")
+# Streamed with their own limits: bundles (DILU_MAX_BUNDLE_BYTES), weight artifacts
+# (DILU_MAX_ARTIFACT_BYTES), inference requests of the v2 protocol (DILU_MAX_REQUEST_BYTES).
+EXEMPT_PREFIXES = ("/v1/bundles", "/v1/artifacts", "/v2/")
 
 
 def _is_workflow_invoke(path: str) -> bool:

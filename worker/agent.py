@@ -25,6 +25,7 @@ from dilu.state.base import Channel, StateStore
 from worker.backends.base import RunningInstance, RuntimeBackend
 
 if TYPE_CHECKING:   # built by the role that runs the agent, passed in
+    from worker.artifacts import ArtifactCache
     from worker.bundles import BundleCache
     from worker.tokens.control import GpuControl
 
@@ -44,6 +45,7 @@ class _Instance:
     started_at: float = field(default_factory=time.monotonic)
     requested_at: float = field(default_factory=time.time)   # wall clock, to compare with the instance's marks
     startup: dict[str, float] | None = None   # seconds per loading stage (dilu.loading), once ready
+    fetched_at: float | None = None   # wall clock: when the weights artifact was in the host's cache
     ended_at: float | None = None
     state_since: float = field(default_factory=time.time)   # wall clock: when the worker saw the state begin
     slice: ComputeSlice = ComputeSlice(0.0, 1.0)   # what applies once the instance is ready
@@ -94,9 +96,10 @@ class WorkerAgent:
     def __init__(self, *, info: WorkerInfo, backend: RuntimeBackend, store: StateStore, logs_dir: Path,
                  heartbeat_s: float = 1.0, worker_ttl_s: float = 5.0, health_poll_s: float = 0.1,
                  stop_grace_s: float = 5.0, startup_timeout_s: float = 300.0, gpu: GpuControl | None = None,
-                 bundles: BundleCache | None = None) -> None:
+                 bundles: BundleCache | None = None, artifacts: ArtifactCache | None = None) -> None:
         self.info = info
         self._bundles = bundles  # BundleCache: where uploaded code is fetched from (None: local paths only)
+        self._artifacts = artifacts   # ArtifactCache: where weights come from (None: functions without them)
         self._gpu = gpu  # GpuControl on GPU workers: token manager and shim injection
         self._backend = backend
         self._store = store
@@ -127,6 +130,11 @@ class WorkerAgent:
             if request.bundle:
                 request = record.request = dataclasses.replace(request,
                                                                source_dir=str(await self._code_folder(request)))
+            if request.spec.get("weights"):
+                request = record.request = dataclasses.replace(request,
+                                                               weights_path=str(await self._weights(request)))
+                # The startup timeout bounds the instance's own load; a large first fetch is its own stage.
+                record.fetched_at, record.started_at = time.time(), time.monotonic()
             extra_env = None
             if self._gpu is not None:
                 extra_env = self._gpu.admit(request)
@@ -149,6 +157,11 @@ class WorkerAgent:
         if self._bundles is None:
             raise RuntimeError("this worker has no database to fetch code bundles from")
         return await self._bundles.folder(request.bundle)
+
+    async def _weights(self, request: StartInstance) -> Path:
+        if self._artifacts is None:
+            raise RuntimeError("this worker has no artifact store to fetch weights from")
+        return await self._artifacts.path(request.spec["weights"])
 
     async def adopt(self) -> int:
         """Takes over the instances a previous run of this worker left running (containers);
@@ -299,6 +312,8 @@ class WorkerAgent:
         if healthy:
             try:
                 marks = response.json().get("startup") or {}
+                if isinstance(marks, dict) and record.fetched_at is not None:
+                    marks["fetched"] = record.fetched_at
                 record.startup = stages_from_marks(record.requested_at, marks) if isinstance(marks, dict) else None
             except (ValueError, AttributeError):
                 record.startup = None   # an instance that answers no marks still serves

@@ -99,6 +99,13 @@ class Sandboxes:
         os.chown(folder, user.uid, user.gid)
         return code, home
 
+    def place_weights(self, instance_id: str, path: str) -> Path:
+        """The instance's view of its weights file (hard-linked when on one file system: the
+        cache's file is readable by all; copied otherwise)."""
+        target = self.root / instance_id / "weights.safetensors"
+        _link_or_copy(path, str(target))
+        return target
+
     def remove(self, instance_id: str) -> None:
         shutil.rmtree(self.root / instance_id, ignore_errors=True)
 

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from cli.roles.serving import OnReady, StartupError, http_server, listen, serve
 from dilu.addresses import is_loopback
+from dilu.artifacts import ArtifactStore
 from dilu.config import WorkerSettings
 from dilu.db.engine import make_engine, make_session_factory
 from dilu.default_impl import create_store
@@ -19,6 +20,7 @@ from dilu.policy.isolation import IsolationParams
 from dilu.state.base import StateStore
 from worker.agent import WorkerAgent
 from worker.api import create_worker_api
+from worker.artifacts import ArtifactCache
 from worker.backends.base import endpoint_url
 from worker.bundles import BundleCache
 from worker.devices import discover_devices, worker_id
@@ -58,6 +60,8 @@ def make_agents(settings: WorkerSettings, store: StateStore, sessions: sessionma
     except RuntimeError as exc:
         raise StartupError(str(exc)) from None
     bundles = BundleCache(sessions=sessions, cache_dir=settings.home / "bundles", max_bytes=settings.max_bundle_bytes)
+    artifacts = ArtifactCache(store=ArtifactStore(settings.effective_artifact_store),
+                              cache_dir=settings.home / "artifact-cache")
     several_users = backend.shared_dir is not None or (settings.runtime == "docker" and settings.docker_user == "auto")
     if settings.mps == "on" and several_users:
         raise StartupError("DILU_MPS=on, but this worker runs each function as a user of its own, and an MPS "
@@ -75,7 +79,8 @@ def make_agents(settings: WorkerSettings, store: StateStore, sessions: sessionma
             info=info, backend=backend, store=store, logs_dir=settings.logs_dir,
             heartbeat_s=settings.heartbeat_s, worker_ttl_s=settings.worker_ttl_s,
             health_poll_s=settings.health_poll_s, stop_grace_s=settings.stop_grace_s,
-            startup_timeout_s=settings.startup_timeout_s, gpu=_gpu_control(settings, device, run_dir), bundles=bundles))
+            startup_timeout_s=settings.startup_timeout_s, gpu=_gpu_control(settings, device, run_dir), bundles=bundles,
+            artifacts=artifacts))
     return agents
 
 

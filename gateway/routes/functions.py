@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 from sqlalchemy.orm import Session
 
+from dilu.artifacts import ArtifactStore
 from dilu.bundles import has_module, is_digest
 from dilu.config import path_roots
 from dilu.db import repo
@@ -96,6 +97,13 @@ def check_code(body: DeployRequest, spec: FunctionSpec, services: GatewayService
             raise SpecError([f"handler: module {module!r} not found in the bundle"])
 
 
+def check_weights(spec: FunctionSpec, services: GatewayServices) -> None:
+    """The spec's weights artifact is in the store (SpecError naming it if not)."""
+    if spec.weights and not ArtifactStore(services.settings.effective_artifact_store).has(spec.weights):
+        raise SpecError([f"weights: artifact {spec.weights} is not stored: upload it first with "
+                         f"PUT /v1/artifacts/{spec.weights} (dilu deploy does)"])
+
+
 @router.post("", response_model=FunctionPublic, status_code=201,
              responses={200: {"description": "An existing function was updated", "model": FunctionPublic},
                         **errors(400, 413, 422)})
@@ -110,6 +118,7 @@ async def deploy(body: DeployRequest, request: Request, response: Response, serv
         else:
             raise SpecError(["body: give the spec as 'yaml' (text) or 'spec' (object)"])
         await asyncio.to_thread(check_code, body, spec, services)
+        await asyncio.to_thread(check_weights, spec, services)
     except SpecError as exc:
         raise HTTPException(422, f"invalid spec: {exc}") from None
 

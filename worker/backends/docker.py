@@ -4,7 +4,8 @@ What every container gets (the contract in ``docs/architecture.md``):
 - host networking; the instance binds ``DILU_LISTEN`` (a port the worker picked), since a
   container cannot inherit a socket; its configuration travels inline (``DILU_INSTANCE_CONFIG_JSON``);
 - the function's code (an unpacked bundle) bind-mounted read-only at ``/opt/dilu/function``, or
-  nothing when the spec names an ``image`` that holds the handler;
+  nothing when the spec names an ``image`` that holds the handler; the host's copy of its
+  weights artifact, when it has one, read-only at ``/opt/dilu/weights.safetensors``;
 - on a GPU: the GPU requested by UUID (NVIDIA device request), the shim's folder and the token
   manager's socket folder bind-mounted read-only, ``LD_PRELOAD`` pointing at the mounted shim;
 - the slice's memory as the container's memory limit; a CPU slice as a CFS quota that
@@ -50,6 +51,7 @@ LABEL_ENDPOINT = "dev.dilu.endpoint"
 LABEL_START = "dev.dilu.start"        # the StartInstance as JSON: what adoption rebuilds from
 
 FUNCTION_DIR = "/opt/dilu/function"
+WEIGHTS_FILE = "/opt/dilu/weights.safetensors"
 SHIM_DIR = "/opt/dilu/shim"
 RUN_DIR = "/run/dilu"
 FAKE_DRIVER_DIR = "/opt/dilu/fake-driver"
@@ -187,7 +189,10 @@ class DockerBackend:
         code_dir = "" if spec.get("image") else FUNCTION_DIR
         if code_dir:
             mounts.append({"source": request.source_dir, "target": FUNCTION_DIR, "read_only": True})
-        config = InstanceConfig.for_spec(request.instance_id, request.function, spec, code_dir)
+        weights = WEIGHTS_FILE if request.weights_path else ""
+        if weights:
+            mounts.append({"source": request.weights_path, "target": WEIGHTS_FILE, "read_only": True})
+        config = InstanceConfig.for_spec(request.instance_id, request.function, spec, code_dir, weights)
         env = dict(spec.get("env") or {})
         env.update(injected)
         env.update({

@@ -122,7 +122,8 @@ class ProcessBackend:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         user = self._user_of(request)
         code, home = await asyncio.to_thread(self._place_code, request, user)
-        config_json = self._config_json(request, code)
+        weights = await asyncio.to_thread(self._place_weights, request, user)
+        config_json = self._config_json(request, code, weights)
         spare = self._take_spare(request, extra_env)
         if spare is not None:
             try:
@@ -160,10 +161,17 @@ class ProcessBackend:
         code, home = self._sandboxes.create(request.instance_id, request.source_dir, user)
         return str(code), home
 
+    def _place_weights(self, request: StartInstance, user: InstanceUser | None) -> str:
+        """The weights file as the instance reaches it: linked into its own folder when it runs
+        as another user (one inode, so instances still share the host's cached pages)."""
+        if not request.weights_path or self._sandboxes is None or user is None:
+            return request.weights_path
+        return str(self._sandboxes.place_weights(request.instance_id, request.weights_path))
+
     @staticmethod
-    def _config_json(request: StartInstance, source_dir: str) -> str:
+    def _config_json(request: StartInstance, source_dir: str, weights: str = "") -> str:
         spec = request.spec
-        config = InstanceConfig.for_spec(request.instance_id, request.function, spec, source_dir)
+        config = InstanceConfig.for_spec(request.instance_id, request.function, spec, source_dir, weights)
         return json.dumps(asdict(config))
 
     # ---- runtime pools ----

@@ -10,8 +10,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from dilu.handler import Last
+from dilu.handler import Last, set_weights
 from worker.instance.streams import is_streaming
+from worker.instance.weights import map_weights, to_device
 
 
 class HandlerError(Exception):
@@ -52,16 +53,20 @@ WARMUP_FILE_LIMIT = 16 * 2**20
 
 def build_handler(source_dir: str, handler: str, options: dict[str, Any],
                   marks: dict[str, float] | None = None, *, device: str = "cpu",
-                  warmup: dict[str, Any] | None = None, adapt: Callable[[Any], Any] | None = None) -> Any:
-    """Imports, initialises the GPU (when the instance has one), instantiates with ``options``,
-    calls ``load()`` once, wraps the result in ``adapt`` when given and runs the warm-up requests
-    through it; records the wall-clock time each stage ended in ``marks`` (``handler_imported``,
-    ``device_ready``, ``loaded``, ``warmed``)."""
+                  warmup: dict[str, Any] | None = None, adapt: Callable[[Any], Any] | None = None,
+                  weights: str | None = None) -> Any:
+    """Imports, initialises the GPU (when the instance has one), maps the ``weights`` file and
+    copies it to the device (when given), instantiates with ``options``, calls ``load()`` once,
+    wraps the result in ``adapt`` when given and runs the warm-up requests through it; records the
+    wall-clock time each stage ended in ``marks`` (``handler_imported``, ``device_ready``,
+    ``mapped``, ``copied``, ``loaded``, ``warmed``)."""
     marks = {} if marks is None else marks
     cls = import_handler(source_dir, handler)
     marks["handler_imported"] = time.time()
     if device != "cpu" and _init_device():
         marks["device_ready"] = time.time()
+    if weights:
+        _load_weights(weights, device, marks)
     try:
         instance = cls(**options)
     except Exception as exc:
@@ -81,6 +86,17 @@ def build_handler(source_dir: str, handler: str, options: dict[str, Any],
         run_warmup(instance, warmup, source_dir)
         marks["warmed"] = time.time()
     return instance
+
+
+def _load_weights(path: str, device: str, marks: dict[str, float]) -> None:
+    try:
+        tensors = map_weights(path)
+        marks["mapped"] = time.time()
+        if to_device(tensors, device):
+            marks["copied"] = time.time()
+    except Exception as exc:
+        raise HandlerError(f"weights: cannot load {os.path.basename(path)}: {type(exc).__name__}: {exc}") from exc
+    set_weights(tensors)
 
 
 def _init_device() -> bool:

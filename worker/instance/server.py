@@ -200,7 +200,7 @@ async def _load_then_serve_batches(state: RuntimeState) -> None:
     try:
         handler = await loop.run_in_executor(executor, functools.partial(
             build_handler, config.source_dir, config.handler, config.options, state.marks,
-            device=state.device, warmup=config.warmup, adapt=state.codec.adapt))
+            device=state.device, warmup=config.warmup, adapt=state.codec.adapt, weights=config.weights))
     except HandlerError as exc:
         traceback.print_exc()
         _fail(str(exc))
