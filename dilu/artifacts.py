@@ -120,10 +120,21 @@ def file_chunks(path: Path) -> Iterable[bytes]:
             yield chunk
 
 
-def copy_verified(source: Path, target: Path, digest: str) -> None:
-    """Copies ``source`` to ``target`` (readable by all, as instances of other users map it) when
-    its bytes hash to ``digest``; ArtifactError otherwise, and ``target`` is not written."""
+def copy_verified(source: Path, target: Path, digest: str, link: bool = True) -> None:
+    """Puts the store's ``source`` at ``target`` in a host's cache (readable by all, as instances
+    of other users map it). On one file system it is hard-linked: the same inode the gateway
+    hashed at upload, so nothing can differ. Otherwise it is copied, and only when the bytes hash
+    to ``digest`` (ArtifactError otherwise, and ``target`` is not written). ``link=False``
+    always copies."""
     target.parent.mkdir(parents=True, exist_ok=True)
+    linked = target.parent / f".link-{os.getpid()}-{target.name}"
+    try:
+        if link:
+            os.link(source, linked)
+            linked.replace(target)
+            return
+    except OSError:
+        linked.unlink(missing_ok=True)   # another file system (a shared store): copy it
     handle, name = tempfile.mkstemp(prefix=".fetch-", dir=target.parent)
     temp, hashed = Path(name), hashlib.sha256()
     try:
