@@ -40,6 +40,7 @@ ENV_PRELOAD = "DILU_PRELOAD"   # spares: comma-separated modules to import befor
 EXIT_LOAD_FAILED = 3
 ERROR_MARKER = "DILU-ERROR: "
 LOADING_HEADER = "x-dilu-loading"
+NOT_STREAMING_HEADER = "x-dilu-not-streaming"   # on the 400 to a stream request for a handler that does not stream
 TENSOR_FRAME_TYPE = "application/vnd.dilu.tensors"   # the body of dilu.tensor_frames
 TENSORS_HEADER = "x-dilu-tensors"                    # and its header
 

@@ -20,9 +20,10 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from dilu.instance_protocol import LOADING_HEADER, TENSORS_HEADER
+from dilu.instance_protocol import LOADING_HEADER, NOT_STREAMING_HEADER, TENSORS_HEADER
 
-PASSED_HEADERS = ("x-dilu-batch-size", "x-dilu-latency-ms", "x-dilu-instance", LOADING_HEADER)
+PASSED_HEADERS = ("x-dilu-batch-size", "x-dilu-latency-ms", "x-dilu-instance", LOADING_HEADER,
+                  NOT_STREAMING_HEADER)
 _PASSED = frozenset(name.encode() for name in PASSED_HEADERS)
 _TENSORS = TENSORS_HEADER.encode()
 IDLE_S = 60.0     # an idle connection is dropped after this; instances keep theirs for 75 s

@@ -24,11 +24,11 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from dilu.keys import Need, allows
 from gateway.routes.invoke import Outcome, invoke_body
 from gateway.services import GatewayServices
+from gateway.streams import StreamError
+from gateway.text_input import TextInputError, generation_input
 
 router = APIRouter(prefix="/v1", tags=["OpenAI-compatible"])
 NDJSON = "application/x-ndjson"
-DEFAULT_MAX_TOKENS = 16
-MAX_PROMPT_CHARS = 1_000_000
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 422: "invalid_request_error", 429: "rate_limit_error"}
 
@@ -79,68 +79,21 @@ async def list_models(request: Request) -> Response:
     return JSONResponse({"object": "list", "data": data})
 
 
-def _number(body: dict, name: str, default: Any, low: float, high: float, whole: bool = False) -> Any:
-    value = body.get(name, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (whole and not isinstance(value, int)):
-        raise OpenAIError(400, f"{name} must be a {'whole ' if whole else ''}number", param=name)
-    if not low <= value <= high:
-        raise OpenAIError(400, f"{name} must be between {low:g} and {high:g}", param=name)
-    return value
-
-
 def _function_input(body: dict, chat: bool) -> dict[str, Any]:
-    """What the text generator receives for an OpenAI request (checked, bounded)."""
-    payload: dict[str, Any] = {
-        "max_new_tokens": _number(body, "max_completion_tokens" if chat and "max_completion_tokens" in body
-                                  else "max_tokens", DEFAULT_MAX_TOKENS, 1, 1_000_000, whole=True),
-        "temperature": _number(body, "temperature", 1.0, 0, 2),
-    }
-    stop = body.get("stop")
-    if stop is not None:
-        stop = [stop] if isinstance(stop, str) else stop
-        if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) for s in stop):
-            raise OpenAIError(400, "stop must be a string or a list of at most 4 strings", param="stop")
-        payload["stop"] = stop
-    if chat:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages or not all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                for m in messages):
-            raise OpenAIError(400, "messages must be a non-empty list of {role, content} with text content",
-                              param="messages")
-        payload["messages"] = [{"role": m["role"], "content": m["content"]} for m in messages]
-        payload["prompt"] = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
-    else:
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]
-        if not isinstance(prompt, str):
-            raise OpenAIError(400, "prompt must be a string", param="prompt")
-        payload["prompt"] = prompt
-    if len(payload["prompt"]) > MAX_PROMPT_CHARS:
-        raise OpenAIError(400, f"the prompt is longer than {MAX_PROMPT_CHARS} characters", param="prompt")
-    return payload
+    try:
+        return generation_input(body, chat)
+    except TextInputError as exc:
+        raise OpenAIError(400, str(exc), param=exc.param) from None
 
 
 async def _chunks(outcome: Outcome) -> AsyncIterator[dict[str, Any]]:
     """The function's chunks, read from its JSON-lines stream; an error line raises."""
     assert outcome.relay is not None
-    buffer = b""
     try:
-        async for piece in outcome.relay.pieces():
-            buffer += piece
-            *lines, buffer = buffer.split(b"\n")
-            for line in lines:
-                if not line.strip():
-                    continue
-                chunk = orjson.loads(line)
-                if isinstance(chunk, dict) and "error" in chunk and "status" in chunk:
-                    raise OpenAIError(int(chunk["status"]), str(chunk["error"]))
-                yield chunk if isinstance(chunk, dict) else {"text": str(chunk)}
-    finally:
-        outcome.relay.close()
+        async for chunk in outcome.relay.json_lines():
+            yield chunk if isinstance(chunk, dict) else {"text": str(chunk)}
+    except StreamError as exc:
+        raise OpenAIError(exc.status, exc.message) from None
 
 
 def _text(chunk: dict[str, Any]) -> str:

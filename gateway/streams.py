@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import orjson
 
 from gateway.dashboard.view import LatencyWindow
 from gateway.forward import InstanceFailed, InstanceTimeout, Streamed
@@ -32,6 +35,14 @@ class StreamTimes:
                 "first_chunk_p99_ms": self.first.p99_ms(function, now),
                 "chunk_gap_p50_ms": None if gap_p50 is None else round(gap_p50 * 1000, 3),
                 "chunk_gap_p99_ms": self.gap.p99_ms(function, now), "window_s": self.first.window_s}
+
+
+class StreamError(Exception):
+    """A stream's in-band error line: the handler failed after its first chunk."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
 
 
 class Relay:
@@ -62,6 +73,24 @@ class Relay:
                 yield piece
         except (InstanceTimeout, InstanceFailed):
             return    # the caller sees the stream end without its last event
+        finally:
+            self.close()
+
+    async def json_lines(self) -> AsyncIterator[Any]:
+        """The chunks of a JSON-lines stream, decoded; its in-band error line raises StreamError.
+        Closes the relay when the iteration ends or is abandoned."""
+        buffer = b""
+        try:
+            async for piece in self.pieces():
+                buffer += piece
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    if not line.strip():
+                        continue
+                    chunk = orjson.loads(line)
+                    if isinstance(chunk, dict) and "error" in chunk and "status" in chunk:
+                        raise StreamError(int(chunk["status"]), str(chunk["error"]))
+                    yield chunk
         finally:
             self.close()
 

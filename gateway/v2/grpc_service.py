@@ -3,16 +3,20 @@
 The service and its messages come from ``tritonclient.grpc`` (``service_pb2`` and
 ``service_pb2_grpc``: the KServe v2 ``GRPCInferenceService`` with Triton's additions), so
 clients built on that definition work unchanged. Implemented: ServerLive, ServerReady,
-ServerMetadata, ModelReady, ModelMetadata and ModelInfer; the rest (model repository, shared
-memory with its reason, statistics, tracing, streaming) answer UNIMPLEMENTED. Keys travel as the
-``authorization`` metadata, with the same scopes as the REST routes.
+ServerMetadata, ModelReady, ModelMetadata, ModelInfer and ModelStreamInfer (tritonclient's
+``start_stream``/``async_stream_infer``: a result per chunk of a streaming function, see
+``gateway.v2.generation``); the rest (model repository, shared memory with its reason,
+statistics, tracing) answer UNIMPLEMENTED. Keys travel as the ``authorization`` metadata, with
+the same scopes as the REST routes.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 # The gateway may share its process with a worker that forks instance processes; gRPC's fork
@@ -25,6 +29,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from dilu.keys import Need
 from gateway.services import GatewayServices
+from gateway.v2.generation import stream_results
 from gateway.v2.inference import (
     EXTENSIONS,
     NO_SHARED_MEMORY,
@@ -32,6 +37,7 @@ from gateway.v2.inference import (
     Inference,
     Model,
     ProtocolError,
+    Result,
     find_model,
     infer,
 )
@@ -40,6 +46,9 @@ from gateway.v2.tensors import TensorError, check_header, element_count, from_bi
 
 log = logging.getLogger(__name__)
 
+STREAM_REQUESTS = 64   # requests one ModelStreamInfer call may have running at once
+FINAL = "triton_final_response"
+EMPTY_FINAL = "triton_enable_empty_final_response"
 STATUS_CODES = {
     400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
     403: grpc.StatusCode.PERMISSION_DENIED, 404: grpc.StatusCode.NOT_FOUND,
@@ -152,12 +161,71 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             result = await infer(self._services_of(), model, decode(model, request))
         except ProtocolError as exc:
             await context.abort(STATUS_CODES.get(exc.status, grpc.StatusCode.INTERNAL), exc.message)
-        response = service_pb2.ModelInferResponse(model_name=model.name, model_version=model.version,
-                                                  id=result.id or "")
-        for spec, array in result.outputs:
-            response.outputs.add(name=spec.name, datatype=spec.datatype, shape=list(array.shape))
-            response.raw_output_contents.append(bytes(to_binary(spec, array)))
-        return response
+        return _response(result)
+
+    async def ModelStreamInfer(self, requests: AsyncIterator[service_pb2.ModelInferRequest],
+                               context: grpc.aio.ServicerContext
+                               ) -> AsyncIterator[service_pb2.ModelStreamInferResponse]:
+        """Each request's results as they come (requests run side by side, their results
+        interleaved and told apart by ``id``); a request's failure is an in-band error message,
+        and the stream goes on. A key that may not use a model ends the stream."""
+        answers: asyncio.Queue[service_pb2.ModelStreamInferResponse | None] = asyncio.Queue(maxsize=256)
+        running: set[asyncio.Task[None]] = set()
+        slots = asyncio.Semaphore(STREAM_REQUESTS)
+
+        async def read() -> None:
+            try:
+                async for request in requests:
+                    await self._check(context, Need.INVOKE, request.model_name)
+                    await slots.acquire()
+                    task = asyncio.create_task(self._stream_one(request, answers))
+                    running.add(task)
+                    task.add_done_callback(lambda done: (running.discard(done), slots.release()))
+                while running:
+                    await asyncio.gather(*running, return_exceptions=True)
+            finally:
+                await answers.put(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (answer := await answers.get()) is not None:
+                yield answer
+            await reader   # a refused key ends the stream with the reader's abort
+        finally:
+            reader.cancel()
+            for task in list(running):
+                task.cancel()   # the caller left: each relay closes, each generation stops
+            with contextlib.suppress(BaseException):
+                await reader
+
+    async def _stream_one(self, request: service_pb2.ModelInferRequest,
+                          answers: asyncio.Queue[service_pb2.ModelStreamInferResponse | None]) -> None:
+        services = self._services_of()
+        try:
+            model = await find_model(services, request.model_name, request.model_version)
+            async for result in stream_results(services, model, decode(model, request)):
+                await answers.put(service_pb2.ModelStreamInferResponse(infer_response=_response(result, final=False)))
+        except ProtocolError as exc:
+            await answers.put(service_pb2.ModelStreamInferResponse(
+                error_message=exc.message, infer_response=service_pb2.ModelInferResponse(
+                    model_name=request.model_name, id=request.id)))
+            return
+        if request.parameters[EMPTY_FINAL].bool_param if EMPTY_FINAL in request.parameters else False:
+            final = service_pb2.ModelInferResponse(model_name=model.name, model_version=model.version, id=request.id)
+            final.parameters[FINAL].bool_param = True
+            await answers.put(service_pb2.ModelStreamInferResponse(infer_response=final))
+
+
+def _response(result: Result, final: bool | None = None) -> service_pb2.ModelInferResponse:
+    """A result as the protocol's response; ``final`` marks (or not) the last of a stream's."""
+    model = result.model
+    response = service_pb2.ModelInferResponse(model_name=model.name, model_version=model.version, id=result.id or "")
+    for spec, array in result.outputs:
+        response.outputs.add(name=spec.name, datatype=spec.datatype, shape=list(array.shape))
+        response.raw_output_contents.append(bytes(to_binary(spec, array)))
+    if final is not None:
+        response.parameters[FINAL].bool_param = final
+    return response
 
 
 async def start_grpc(host: str, port: int, services_of: Callable[[], GatewayServices],

@@ -47,7 +47,8 @@ class Model:
     name: str
     version: str
     status: str
-    spec: SpecModel
+    spec: SpecModel   # a text generator's carries the text tensors (gateway.v2.generation)
+    text: bool = False   # a text generator without tensors of its own: text_input in, text_output out
 
     def input(self, name: str) -> TensorSpec:
         return self._tensor("input", self.spec.inputs, name)
@@ -100,16 +101,20 @@ async def find_model(services: GatewayServices, name: str, version: str | None =
         entry = services.functions.get(name)
     if entry is None:
         raise ProtocolError(404, f"model {name!r} not found")
-    spec = entry.model
+    spec, text = entry.model, False
+    if not spec.serves_v2 and spec.generates == "text":
+        from gateway.v2.generation import with_text_tensors  # it builds on this module
+
+        spec, text = with_text_tensors(spec), True
     if not spec.serves_v2:
         raise ProtocolError(404, f"function {name!r} does not declare its tensors (inputs and outputs in its "
                                  "spec), so it is not served over the inference protocol")
     if version not in (None, "", str(entry.version)):
         raise ProtocolError(404, f"model {name!r} has no version {version!r} (it serves version {entry.version})")
-    return Model(name=name, version=str(entry.version), status=entry.status, spec=spec)
+    return Model(name=name, version=str(entry.version), status=entry.status, spec=spec, text=text)
 
 
-def _error_message(body: bytes) -> str:
+def error_message(body: bytes) -> str:
     try:
         return str(json.loads(body)["error"])
     except (ValueError, KeyError, TypeError):
@@ -127,44 +132,60 @@ def _result(body: bytes, content_type: str, tensors: str | None) -> Any:
         return json.loads(body)
 
 
-async def infer(services: GatewayServices, model: Model, request: Inference) -> Result:
-    """Runs ``request`` on ``model`` through Dilu's invoke path; outputs in the order asked for."""
+def request_body(model: Model, request: Inference) -> tuple[str | None, bytes | memoryview, str]:
+    """(frame header, body, content type) of the invocation a v2 request becomes."""
     declared = {t.name for t in model.spec.inputs}
     for name in request.inputs:
         model.input(name)
     missing = declared - request.inputs.keys()
     if missing:
         raise ProtocolError(400, f"model {model.name!r} needs the input(s) {', '.join(sorted(missing))}")
-    wanted = [model.output(name) for name in request.outputs] if request.outputs else list(model.spec.outputs)
     ordered = [(t, request.inputs[t.name]) for t in model.spec.inputs]
     try:
         if model.spec.arrays:
             tensors, body = frames.encode(frames.Tensor(t.name, t.datatype, array) for t, array in ordered)
-            content_type = frames.MEDIA_TYPE
-        else:
-            tensors, body, content_type = None, handler_body(ordered), JSON
+            return tensors, body, frames.MEDIA_TYPE
+        return None, handler_body(ordered), JSON
     except TensorError as exc:
         raise ProtocolError(400, str(exc)) from None
-    # The body was bounded on the wire; its JSON form may be larger (numbers as text).
-    outcome = await invoke_body(services, model.name, body, max_bytes=len(body), content_type=content_type,
-                                tensors=tensors)
-    if outcome.status != 200:
-        raise ProtocolError(outcome.status, _error_message(outcome.body))
-    try:
-        produced = _result(outcome.body, outcome.content_type, outcome.tensors)
-    except frames.FrameError as exc:
-        raise ProtocolError(500, f"the instance's answer is malformed: {exc}") from None
-    except ValueError:
-        raise ProtocolError(500, "the handler's result is not JSON") from None
+
+
+def outputs_of(model: Model, produced: Any, wanted: list[str] | None) -> list[tuple[TensorSpec, np.ndarray]]:
+    """The outputs asked for (all when None), in that order, from what the handler returned."""
     if not isinstance(produced, dict):
         raise ProtocolError(500, f"the handler of {model.name!r} returned {type(produced).__name__}, not an "
                                  "object of outputs by name")
     outputs = []
-    for tensor in wanted:
+    for tensor in [model.output(name) for name in wanted] if wanted else list(model.spec.outputs):
         if tensor.name not in produced:
             raise ProtocolError(500, f"the handler of {model.name!r} returned no output {tensor.name!r}")
         try:
             outputs.append((tensor, from_handler(tensor, produced[tensor.name], finite=not model.spec.arrays)))
         except TensorError as exc:
             raise ProtocolError(500, str(exc)) from None
-    return Result(model=model, outputs=outputs, id=request.id, headers=outcome.headers)
+    return outputs
+
+
+async def infer(services: GatewayServices, model: Model, request: Inference) -> Result:
+    """Runs ``request`` on ``model`` through Dilu's invoke path; outputs in the order asked for."""
+    if model.text:
+        from gateway.v2.generation import whole_text  # it builds on this module
+
+        return await whole_text(services, model, request)
+    if request.outputs:
+        for name in request.outputs:
+            model.output(name)
+    tensors, body, content_type = request_body(model, request)
+    # The body was bounded on the wire; its JSON form may be larger (numbers as text).
+    outcome = await invoke_body(services, model.name, body, max_bytes=len(body), content_type=content_type,
+                                tensors=tensors)
+    if outcome.status != 200:
+        raise ProtocolError(outcome.status, error_message(outcome.body))
+    try:
+        produced = _result(outcome.body, outcome.content_type, outcome.tensors)
+    except frames.FrameError as exc:
+        raise ProtocolError(500, f"the instance's answer is malformed: {exc}") from None
+    except ValueError:
+        raise ProtocolError(500, "the handler's result is not JSON") from None
+    return Result(model=model, outputs=outputs_of(model, produced, request.outputs), id=request.id,
+                  headers=outcome.headers)

@@ -101,3 +101,53 @@ def test_the_platforms_keys_are_the_clients_keys(start_platform) -> None:
         client("dilu_wrong_key").completions.create(model="gpt", prompt="x", max_tokens=2)
     for each in clients:
         each.close()
+
+
+def test_tritonclient_streams_a_text_generator_as_text_input_and_text_output(gpt) -> None:
+    """Triton's LLM convention over gRPC: text_input, stream, sampling_parameters in;
+    text_output out, one result per chunk (ModelStreamInfer) or the whole text (ModelInfer)."""
+    import json
+    import queue
+
+    import numpy as np
+    import tritonclient.grpc as triton_grpc
+
+    def inputs(prompt: str, stream: bool, sampling: dict) -> list:
+        values = {"text_input": ("BYTES", np.array([prompt.encode()], dtype=object)),
+                  "stream": ("BOOL", np.array([stream])),
+                  "sampling_parameters": ("BYTES", np.array([json.dumps(sampling).encode()], dtype=object))}
+        made = []
+        for name, (datatype, array) in values.items():
+            tensor = triton_grpc.InferInput(name, [1], datatype)
+            tensor.set_data_from_numpy(array)
+            made.append(tensor)
+        return made
+
+    expected = _text_of(gpt, "Once upon a time", 8)
+    client = triton_grpc.InferenceServerClient(gpt.grpc_address)
+    try:
+        metadata = client.get_model_metadata("gpt")
+        assert [t.name for t in metadata.outputs] == ["text_output"]
+        whole = client.infer("gpt", inputs("Once upon a time", False, {"max_tokens": 8}))
+        assert whole.as_numpy("text_output")[0].decode() == expected
+
+        got: queue.Queue = queue.Queue()
+        client.start_stream(callback=lambda result, error: got.put((result, error)))
+        client.async_stream_infer("gpt", inputs("Once upon a time", True, {"max_tokens": 8, "temperature": 1.0}),
+                                  request_id="s", enable_empty_final_response=True)
+        pieces = []
+        while True:
+            result, error = got.get(timeout=60)
+            assert error is None, error
+            response = result.get_response()
+            if response.outputs:
+                pieces.append(result.as_numpy("text_output")[0].decode())
+            if response.parameters["triton_final_response"].bool_param:
+                break
+        assert len(pieces) == 8 and "".join(pieces) == expected
+        client.async_stream_infer("gpt", inputs("x", True, {"max_tokens": 0}), request_id="bad")
+        result, error = got.get(timeout=60)
+        assert result is None and "max_tokens must be between 1" in error.message()
+        client.stop_stream()
+    finally:
+        client.close()

@@ -88,3 +88,77 @@ def test_the_gpt_example_streams_the_tokens_of_its_plain_answer(start_platform) 
     assert [json.loads(event)["token"] for event in events[:-1]] == plain.json()["tokens"]
     too_many = platform.invoke("gpt", {"prompt": "x", "max_new_tokens": 10_000})
     assert too_many.status_code == 422 and "max_new_tokens" in too_many.json()["error"]
+
+
+def _stream_over_grpc(platform, requests: list[tuple[str, list, str]]) -> tuple[dict[str, list], list[str]]:
+    """Sends each (model, inputs, id) on one ModelStreamInfer call; returns each id's results up
+    to its final flag, and the in-band errors (each ends one request)."""
+    import queue
+
+    import tritonclient.grpc as triton_grpc
+
+    got: queue.Queue = queue.Queue()
+    client = triton_grpc.InferenceServerClient(platform.grpc_address)
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    results: dict[str, list] = {request_id: [] for _, _, request_id in requests}
+    errors: list[str] = []
+    try:
+        for model, inputs, request_id in requests:
+            client.async_stream_infer(model, inputs, request_id=request_id, enable_empty_final_response=True)
+        ended = 0
+        while ended < len(requests):
+            result, error = got.get(timeout=60)
+            if error is not None:
+                errors.append(error.message())
+                ended += 1
+                continue
+            response = result.get_response()
+            if response.outputs:
+                results[response.id].append(result)
+            ended += response.parameters["triton_final_response"].bool_param
+        return results, errors
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def _to(n: int) -> list:
+    import numpy as np
+    import tritonclient.grpc as triton_grpc
+
+    tensor = triton_grpc.InferInput("to", [1], "INT64")
+    tensor.set_data_from_numpy(np.array([n], dtype=np.int64))
+    return [tensor]
+
+
+def test_model_stream_infer_streams_a_streaming_function_through_tritonclient(counter) -> None:
+    deployed = counter.cli("deploy", str(FIXTURE_FUNCTIONS / "count_tensors" / "model.yaml"))
+    assert deployed.returncode == 0, deployed.stderr
+    results, errors = _stream_over_grpc(counter, [("count-tensors", _to(3), "three"),
+                                                  ("count-tensors", _to(2), "two")])
+    assert errors == []
+    assert [int(r.as_numpy("n")[0]) for r in results["three"]] == [1, 2, 3]
+    assert [int(r.as_numpy("left")[0]) for r in results["three"]] == [2, 1, 0]
+    assert [int(r.as_numpy("n")[0]) for r in results["two"]] == [1, 2]
+    # A handler's refusal before the first chunk is that request's in-band error; the stream goes on.
+    results, errors = _stream_over_grpc(counter, [("count-tensors", _to(0), "zero"),
+                                                  ("count-tensors", _to(1), "one")])
+    assert len(errors) == 1 and "to must be >= 1" in errors[0]
+    assert [int(r.as_numpy("n")[0]) for r in results["one"]] == [1]
+    results, errors = _stream_over_grpc(counter, [("no-such-model", _to(1), "x")])
+    assert results["x"] == [] and "not found" in errors[0]
+
+
+def test_model_stream_infer_answers_a_function_that_does_not_stream_once(start_platform) -> None:
+    import numpy as np
+    import tritonclient.grpc as triton_grpc
+
+    platform = start_platform()
+    deployed = platform.cli("deploy", str(REPO / "examples" / "iris" / "model.yaml"))
+    assert deployed.returncode == 0, deployed.stderr
+    features = triton_grpc.InferInput("features", [1, 4], "FP32")
+    features.set_data_from_numpy(np.array([[5.1, 3.5, 1.4, 0.2]], dtype=np.float32))
+    results, errors = _stream_over_grpc(platform, [("iris", [features], "a"), ("iris", [features], "b")])
+    assert errors == [] and [len(results["a"]), len(results["b"])] == [1, 1]
+    unary = triton_grpc.InferenceServerClient(platform.grpc_address).infer("iris", [features])
+    assert results["a"][0].get_response().outputs == unary.get_response().outputs

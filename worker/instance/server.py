@@ -41,6 +41,7 @@ from dilu.instance_protocol import (
     ERROR_MARKER,
     EXIT_LOAD_FAILED,
     LOADING_HEADER,
+    NOT_STREAMING_HEADER,
     STREAM_TYPES,
     TENSOR_FRAME_TYPE,
     TENSORS_HEADER,
@@ -85,8 +86,10 @@ def create_app(state: RuntimeState, lifespan: Callable[[Starlette], AbstractAsyn
                                 headers={LOADING_HEADER: "1"})
         wants = stream_kind(request.headers.get("accept"))
         if wants is not None and state.streams is None:
-            return _error(400, f"{state.config.function} does not stream (its handler has no start() and step()): "
-                               "ask for a whole answer, without Accept: text/event-stream or application/x-ndjson")
+            return JSONResponse({"error": f"{state.config.function} does not stream (its handler has no start() and "
+                                          "step()): ask for a whole answer, without Accept: text/event-stream or "
+                                          "application/x-ndjson"}, status_code=400,
+                                headers={NOT_STREAMING_HEADER: "1"})
         body = await request.body()
         framed = request.headers.get("content-type") == TENSOR_FRAME_TYPE
         try:

@@ -1,0 +1,142 @@
+"""Streamed inference over the protocol: ``ModelStreamInfer``'s results, and text generators as models.
+
+A function whose handler streams answers a stream request with one result per chunk (each
+chunk is ``{output name: value}``); a function that does not stream answers it with its one
+whole result, as Triton does for a model that is not decoupled.
+
+A text generator (``generates: text``) that declares no tensors is served with the tensors of
+Triton's LLM backends, so clients written for those work unchanged: inputs ``text_input``
+(BYTES [1], the prompt), and optionally ``stream`` (BOOL [1]: a result per chunk; default
+false, one result with the whole text) and ``sampling_parameters`` (BYTES [1], JSON:
+``max_tokens``, ``temperature``, ``stop``; other keys are ignored) and
+``exclude_input_in_output`` (accepted; the prompt is never repeated); output ``text_output``
+(BYTES [1]).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+import orjson
+
+from dilu.instance_protocol import NOT_STREAMING_HEADER
+from dilu.spec import SpecModel, TensorSpec
+from gateway.routes.invoke import invoke_body
+from gateway.services import GatewayServices
+from gateway.streams import StreamError
+from gateway.text_input import TextInputError, generation_input
+from gateway.v2.inference import Inference, Model, ProtocolError, Result, error_message, infer, outputs_of, request_body
+
+NDJSON = "application/x-ndjson"
+TEXT_INPUTS = [TensorSpec(name="text_input", datatype="BYTES", shape=[1]),
+               TensorSpec(name="stream", datatype="BOOL", shape=[1]),
+               TensorSpec(name="sampling_parameters", datatype="BYTES", shape=[1]),
+               TensorSpec(name="exclude_input_in_output", datatype="BOOL", shape=[1])]
+TEXT_OUTPUT = TensorSpec(name="text_output", datatype="BYTES", shape=[1])
+SAMPLING_KEYS = ("max_tokens", "temperature", "stop")
+
+
+def with_text_tensors(spec: SpecModel) -> SpecModel:
+    """A text generator's spec as the protocol sees it: the text tensors declared."""
+    return spec.model_copy(update={"inputs": TEXT_INPUTS, "outputs": [TEXT_OUTPUT]})
+
+
+def _one(array: np.ndarray, name: str) -> Any:
+    if array.size != 1:
+        raise ProtocolError(400, f"input {name!r} holds {array.size} elements: one per request")
+    return array.reshape(-1)[0]
+
+
+def _text_of(value: Any, name: str) -> str:
+    try:
+        return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+    except UnicodeDecodeError:
+        raise ProtocolError(400, f"input {name!r} is not UTF-8 text") from None
+
+
+def text_request(request: Inference) -> tuple[bytes, bool]:
+    """(the generator's JSON input, whether a result per chunk is wanted) for a text request."""
+    if "text_input" not in request.inputs:
+        raise ProtocolError(400, "a text model needs the input 'text_input' (the prompt)")
+    body: dict[str, Any] = {"prompt": _text_of(_one(request.inputs["text_input"], "text_input"), "text_input")}
+    if "sampling_parameters" in request.inputs:
+        text = _text_of(_one(request.inputs["sampling_parameters"], "sampling_parameters"), "sampling_parameters")
+        try:
+            sampling = orjson.loads(text)
+        except orjson.JSONDecodeError as exc:
+            raise ProtocolError(400, f"sampling_parameters is not JSON: {exc}") from None
+        if not isinstance(sampling, dict):
+            raise ProtocolError(400, "sampling_parameters must be a JSON object")
+        body.update({key: sampling[key] for key in SAMPLING_KEYS if key in sampling})
+    try:
+        payload = generation_input(body, chat=False)
+    except TextInputError as exc:
+        raise ProtocolError(400, f"{'sampling_parameters: ' if exc.param != 'prompt' else ''}{exc}") from None
+    stream = bool(_one(request.inputs["stream"], "stream")) if "stream" in request.inputs else False
+    return orjson.dumps(payload), stream
+
+
+def _text_result(model: Model, request: Inference, text: str) -> Result:
+    array = np.empty(1, dtype=object)
+    array[0] = text.encode("utf-8")
+    return Result(model=model, outputs=[(TEXT_OUTPUT, array)], id=request.id)
+
+
+async def _open(services: GatewayServices, model: Model, body: bytes | memoryview, content_type: str = "",
+                tensors: str | None = None) -> Any:
+    """The relay of a stream request; None when the function does not stream."""
+    kwargs = {"content_type": content_type, "tensors": tensors} if content_type else {}
+    outcome = await invoke_body(services, model.name, body, max_bytes=len(body), accept=NDJSON, **kwargs)
+    if outcome.relay is not None:
+        return outcome.relay
+    if outcome.status == 400 and outcome.headers.get(NOT_STREAMING_HEADER):
+        return None
+    if outcome.status == 200:
+        raise ProtocolError(500, f"{model.name} answered a stream request without streaming")
+    raise ProtocolError(outcome.status, error_message(outcome.body))
+
+
+async def _text_chunks(services: GatewayServices, model: Model, body: bytes) -> AsyncIterator[str]:
+    relay = await _open(services, model, body)
+    if relay is None:
+        raise ProtocolError(500, f"{model.name} is a text generator whose handler does not stream (start() and "
+                                 "step())")
+    try:
+        async for chunk in relay.json_lines():
+            text = chunk.get("text", "") if isinstance(chunk, dict) else chunk
+            yield text if isinstance(text, str) else str(text)
+    except StreamError as exc:
+        raise ProtocolError(exc.status, exc.message) from None
+
+
+async def whole_text(services: GatewayServices, model: Model, request: Inference) -> Result:
+    """A text request answered once, with the whole generated text."""
+    body, _ = text_request(request)
+    return _text_result(model, request, "".join([text async for text in _text_chunks(services, model, body)]))
+
+
+async def stream_results(services: GatewayServices, model: Model, request: Inference) -> AsyncIterator[Result]:
+    """The results of one stream request, as the function makes them."""
+    if model.text:
+        body, stream = text_request(request)
+        if not stream:
+            yield await whole_text(services, model, request)
+            return
+        async for text in _text_chunks(services, model, body):
+            yield _text_result(model, request, text)
+        return
+    if request.outputs:
+        for name in request.outputs:
+            model.output(name)
+    tensors, body, content_type = request_body(model, request)
+    relay = await _open(services, model, body, content_type, tensors)
+    if relay is None:   # not decoupled: its one whole result
+        yield await infer(services, model, request)
+        return
+    try:
+        async for chunk in relay.json_lines():
+            yield Result(model=model, outputs=outputs_of(model, chunk, request.outputs), id=request.id)
+    except StreamError as exc:
+        raise ProtocolError(exc.status, exc.message) from None
