@@ -181,6 +181,11 @@ class SpecModel(_Strict):
         None, description="text: a text generator, also served by the OpenAI-compatible routes (/v1/completions, "
                           "/v1/chat/completions, /v1/models) as the model of its name; it takes {prompt, messages, "
                           "max_new_tokens, temperature, stop} and streams chunks holding text")
+    max_stream_s: float | None = Field(
+        None, gt=0, le=86400,
+        description="Longest one streamed answer may run, start to end (the gateway's DILU_MAX_STREAM_S bounds it "
+                    "too); also how long an instance being scaled in, updated or deleted may go on serving the "
+                    "streams it has (default: the worker's DILU_DRAIN_S)")
     weights: str | None = Field(
         None,
         description="The function's weights: a safetensors artifact named by its digest (sha256:<hex>). In "

@@ -31,6 +31,7 @@ if TYPE_CHECKING:   # built by the role that runs the agent, passed in
 
 log = logging.getLogger(__name__)
 ENDED_RETENTION_S = 600.0
+STOP_WAIT_S = 20.0   # a stop call returns after this; a longer drain goes on (the instance shows as stopping)
 PROGRESS_TIMEOUT_S = 0.5
 
 
@@ -95,8 +96,9 @@ class WorkerAgent:
 
     def __init__(self, *, info: WorkerInfo, backend: RuntimeBackend, store: StateStore, logs_dir: Path,
                  heartbeat_s: float = 1.0, worker_ttl_s: float = 5.0, health_poll_s: float = 0.1,
-                 stop_grace_s: float = 5.0, startup_timeout_s: float = 300.0, gpu: GpuControl | None = None,
-                 bundles: BundleCache | None = None, artifacts: ArtifactCache | None = None) -> None:
+                 stop_grace_s: float = 5.0, drain_s: float = 0.0, startup_timeout_s: float = 300.0,
+                 gpu: GpuControl | None = None, bundles: BundleCache | None = None,
+                 artifacts: ArtifactCache | None = None) -> None:
         self.info = info
         self._bundles = bundles  # BundleCache: where uploaded code is fetched from (None: local paths only)
         self._artifacts = artifacts   # ArtifactCache: where weights come from (None: functions without them)
@@ -108,6 +110,8 @@ class WorkerAgent:
         self._ttl_s = worker_ttl_s
         self._poll_s = health_poll_s
         self._grace_s = stop_grace_s
+        self._drain_s = drain_s
+        self._draining: set[asyncio.Task[None]] = set()
         self._startup_timeout_s = startup_timeout_s
         self._instances: dict[str, _Instance] = {}
         self._http = httpx.AsyncClient(timeout=2.0)
@@ -189,15 +193,26 @@ class WorkerAgent:
         kept = self._backend.logs(record.running, lines) if record.running is not None else None
         return kept if kept is not None else read_log_tail(self.log_path(record.request.instance_id), lines)
 
-    async def stop_instance(self, instance_id: str) -> None:
-        """Stops gracefully (SIGTERM, then SIGKILL after the grace time); idempotent."""
+    async def stop_instance(self, instance_id: str, drain: bool = True) -> None:
+        """Stops gracefully: SIGTERM, on which the instance takes no new connection and ends once
+        what it serves is done, then SIGKILL after the grace time. With ``drain`` (scale-in,
+        updates, deletes) the grace is the function's ``max_stream_s`` or the worker's
+        ``drain_s``, so streams in flight can finish; returns after at most STOP_WAIT_S while
+        the drain goes on. Idempotent."""
         record = self._instances.get(instance_id)
         if record is None or record.state in (STOPPED, FAILED, STOPPING):
             return
         record.state, record.state_since = STOPPING, time.time()
         await self._changed(record)
+        grace = max(self._grace_s, (record.request.spec.get("max_stream_s") or self._drain_s) if drain else 0.0)
+        task = asyncio.create_task(self._stop(record, grace))
+        self._draining.add(task)
+        task.add_done_callback(self._draining.discard)
+        await asyncio.wait({task}, timeout=STOP_WAIT_S if drain else None)
+
+    async def _stop(self, record: _Instance, grace_s: float) -> None:
         if record.running is not None:
-            await self._backend.stop(record.running, self._grace_s)
+            await self._backend.stop(record.running, grace_s)
         self._end(record, STOPPED, None)
         await self._changed(record)
 
@@ -340,6 +355,10 @@ class WorkerAgent:
         else:
             self._publish_failures.succeeded()
 
+    async def _hurry(self, record: _Instance) -> None:
+        if record.running is not None:
+            await self._backend.stop(record.running, self._grace_s)
+
     def describe(self) -> dict:
         """The worker as ``/v1/info`` shows it: its identity, its runtime pool and (on a GPU) how
         regularly its token manager runs."""
@@ -347,8 +366,10 @@ class WorkerAgent:
                 "token_manager": self._gpu.period_stats() if self._gpu is not None else None}
 
     async def shutdown(self) -> None:
-        """Stops every instance (used when the worker itself stops)."""
-        await asyncio.gather(*(self.stop_instance(iid) for iid in list(self._instances)),
+        """Stops every instance (used when the worker itself stops: no drain, and the drains
+        under way end within the stop grace)."""
+        await asyncio.gather(*(self.stop_instance(iid, drain=False) for iid in list(self._instances)),
+                             *(self._hurry(record) for record in self._instances.values() if record.state == STOPPING),
                              return_exceptions=True)
         await self._http.aclose()
         self._backend.close()

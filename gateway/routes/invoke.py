@@ -24,7 +24,7 @@ from gateway.docs import AUTH_ERRORS, SECURED, ErrorBody, errors
 from gateway.forward import InstanceFailed, InstanceTimeout, NotDelivered, Reply
 from gateway.metrics import LATENCY, REQUESTS
 from gateway.routing import NoInstance, QueueFull
-from gateway.services import GatewayServices
+from gateway.services import FunctionEntry, GatewayServices
 from gateway.streams import Relay
 
 router = APIRouter(prefix="/v1/functions", tags=["invoke"], dependencies=SECURED, responses=AUTH_ERRORS)
@@ -177,7 +177,7 @@ async def _invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
         relay: Relay | None = None
         try:
             if accept:
-                reply, relay = await _open_stream(services, name, endpoint.instance_id, endpoint.url, body,
+                reply, relay = await _open_stream(services, function, endpoint.instance_id, endpoint.url, body,
                                                   content_type, accept, arrived)
             else:
                 reply = await services.forwarder.post(endpoint.url + "/infer", body, settings.request_timeout_s,
@@ -217,11 +217,14 @@ async def _invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
         return Outcome(reply.status, reply.body, headers, reply.content_type, queued_s, reply.tensors, relay)
 
 
-async def _open_stream(services: GatewayServices, name: str, instance_id: str, url: str, body: bytes | memoryview,
-                       content_type: str, accept: str, arrived: float) -> tuple[Reply, Relay | None]:
+async def _open_stream(services: GatewayServices, function: FunctionEntry, instance_id: str, url: str,
+                       body: bytes | memoryview, content_type: str, accept: str,
+                       arrived: float) -> tuple[Reply, Relay | None]:
     """The instance's answer to a stream request: a relay when it streams, else its whole reply
-    (an error, or a function that does not stream refusing the request)."""
-    settings = services.settings
+    (an error, or a function that does not stream refusing the request). The stream may run
+    for the function's ``max_stream_s``, within the gateway's own bound."""
+    settings, name = services.settings, function.name
+    max_s = min(settings.max_stream_s, function.model.max_stream_s or settings.max_stream_s)
     streamed = await services.forwarder.stream(url + "/infer", body, settings.request_timeout_s, content_type,
                                                accept)
     reply = Reply(streamed.status, b"", streamed.content_type, streamed.headers)
@@ -230,7 +233,7 @@ async def _open_stream(services: GatewayServices, name: str, instance_id: str, u
             services.routing.release(name, instance_id)
             services.activity.answered(name)
 
-        return reply, Relay(name, streamed, settings.request_timeout_s, settings.max_stream_s, ended, arrived,
+        return reply, Relay(name, streamed, settings.request_timeout_s, max_s, ended, arrived,
                             services.stream_times)
     pieces = [piece async for piece in streamed.chunks(settings.request_timeout_s)]
     return Reply(streamed.status, b"".join(pieces), streamed.content_type, streamed.headers), None

@@ -74,6 +74,44 @@ def test_a_caller_who_leaves_frees_the_batch_for_the_next(counter) -> None:
     assert after.status_code == 200 and after.json() == {"counted": [1, 2]}
 
 
+def test_a_functions_own_stream_limit_ends_its_streams(counter) -> None:
+    spec_file = FIXTURE_FUNCTIONS / "counter_stream" / "model.yaml"
+    text = spec_file.read_text().replace("name: counter", "name: brief") + "max_stream_s: 0.5\n"
+    assert counter.deploy_file(spec_file, text).status_code == 201
+    counter.wait_ready("brief")
+    # 30 steps of 0.1 s: the stream is ended at 0.5 s, without its closing event.
+    with httpx.stream("POST", _invoke_url(counter, "brief"), json={"to": 30, "step_s": 0.1},
+                      headers={"accept": "text/event-stream"}, timeout=30) as reply:
+        events = [line for line in reply.iter_lines() if line]
+    assert 0 < len(events) < 30 and events[-1] != "data: [DONE]"
+    refused = counter.deploy_file(spec_file, text.replace("max_stream_s: 0.5", "max_stream_s: -1"))
+    assert refused.status_code == 422 and "max_stream_s" in refused.json()["error"]
+
+
+def test_an_update_lets_the_old_instance_finish_its_stream(start_platform) -> None:
+    """The old version's instance is stopped while it streams: it takes no new request but
+    finishes the stream (its drain), well past the 1 s SIGTERM-to-SIGKILL grace."""
+    from tests.waiting import eventually
+
+    platform = start_platform(env={"DILU_STOP_GRACE_S": "1"})
+    spec_file = FIXTURE_FUNCTIONS / "counter_stream" / "model.yaml"
+    deployed = platform.cli("deploy", str(spec_file))
+    assert deployed.returncode == 0, deployed.stderr
+    (old,) = [i["id"] for i in platform.instances("counter") if i["state"] == "ready"]
+    with httpx.stream("POST", _invoke_url(platform, "counter"), json={"to": 60, "step_s": 0.1},
+                      headers={"accept": "application/x-ndjson"}, timeout=30) as reply:
+        lines = reply.iter_lines()
+        assert json.loads(next(lines)) == {"n": 1}
+        updated = platform.deploy_file(spec_file, spec_file.read_text() + "env: {VERSION: '2'}\n")
+        assert updated.status_code == 200, updated.text
+        eventually(lambda: any(i["id"] == old and i["state"] == "stopping" for i in platform.instances("counter")),
+                   timeout=30, what="the old instance stopping")
+        rest = [json.loads(line) for line in lines if line]
+    assert [chunk["n"] for chunk in rest] == list(range(2, 61))
+    eventually(lambda: all(i["id"] != old or i["state"] == "stopped" for i in platform.instances("counter")),
+               timeout=30, what="the old instance gone once its stream ended")
+
+
 def test_the_gpt_example_streams_the_tokens_of_its_plain_answer(start_platform) -> None:
     platform = start_platform()
     deployed = platform.cli("deploy", str(REPO / "examples" / "gpt" / "model.yaml"))

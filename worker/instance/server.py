@@ -231,7 +231,9 @@ def _uvicorn_config(app: Starlette) -> uvicorn.Config:
     # No websockets (instances speak plain HTTP): uvicorn would otherwise import a websocket
     # implementation on every start.
     # Idle connections outlive the gateway's pool (60 s), so it never reuses one being closed.
-    return uvicorn.Config(app, log_level="warning", access_log=False, ws="none", timeout_graceful_shutdown=30,
+    # On SIGTERM, requests and streams in flight finish for as long as the worker lets the
+    # instance live (its drain: dilu.config's drain_s, a function's max_stream_s).
+    return uvicorn.Config(app, log_level="warning", access_log=False, ws="none", timeout_graceful_shutdown=None,
                           timeout_keep_alive=75)
 
 
