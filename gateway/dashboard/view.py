@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,12 +99,14 @@ def _profile(row: Any) -> dict[str, Any] | None:
 
 
 def build(*, now: float, gateway: str, workers: list, functions: list, instances: list, profiles: dict,
-          events: list, activity: dict, telemetry: dict, latency: LatencyWindow, history: ShareHistory) -> dict:
+          events: list, activity: dict, telemetry: dict, latency: LatencyWindow, history: ShareHistory,
+          streams: Callable[[str, float], dict[str, float] | None] | None = None) -> dict:
     """The dashboard's one document: functions, devices (with their share history) and events.
 
     ``workers``, ``functions``, ``instances``, ``events``: database rows; ``profiles``: function
     name -> profile row of its current version; ``activity``: name -> FunctionActivity;
-    ``telemetry``: instance id -> the token manager's view (GPU instances only).
+    ``telemetry``: instance id -> the token manager's view (GPU instances only); ``streams``:
+    a function's recent stream timings (time to first chunk, between chunks), None before any.
     """
     serving = [i for i in instances if i.role == "serve"]
     function_docs = []
@@ -120,6 +123,7 @@ def build(*, now: float, gateway: str, workers: list, functions: list, instances
             "p99_ms": latency.p99_ms(row.name, now), "slo_p99_ms": (spec.get("slo") or {}).get("p99_ms"),
             "requests_total": row.requests_total, "profile": _profile(profiles.get(row.name)),
             "inference_protocol": bool(spec.get("inputs")),
+            "streams": streams(row.name, now) if streams else None,
         })
     device_docs = []
     for worker in workers:

@@ -70,4 +70,4 @@ async def dashboard(services: ServicesDep) -> dict[str, Any]:
         activity, telemetry = {}, {}
     return build(now=time.time(), gateway=services.gateway_id, workers=workers, functions=functions,
                  instances=instances, profiles=profiles, events=events, activity=activity, telemetry=telemetry,
-                 latency=services.latency, history=services.shares)
+                 latency=services.latency, history=services.shares, streams=services.stream_times.summary)

@@ -19,7 +19,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
-from tests.conftest import ROOT
+from tests.conftest import FIXTURE_FUNCTIONS, ROOT
 from tests.shim_harness import build_shim
 
 EXAMPLE = ROOT / "examples" / "synthetic-gpu"
@@ -107,6 +107,17 @@ def test_dashboard_shows_the_platform_live(start_platform, browser, tmp_path: Pa
     _wait(browser, lambda d: granted(d) > 0.3, "the training instance's share before the resize")
     assert platform.cli("scale", "synthetic-training", "--sm-request", "0.1", "--sm-limit", "0.2").returncode == 0
     _wait(browser, lambda d: granted(d) <= 0.2 + 1e-6, "the resize to show")
+
+    # A streaming function's time to first chunk and between chunks (it fits beside the resized one).
+    counter = FIXTURE_FUNCTIONS / "counter_stream" / "model.yaml"   # on the (fake) GPU, this host's only device
+    assert platform.deploy_file(counter, counter.read_text().replace("gpu: false", "gpu: true")
+                               .replace("sm_request: 0.5, sm_limit: 1.0", "sm_request: 0.05, sm_limit: 0.05")).status_code == 201
+    platform.wait_ready("counter")
+    assert _cell(browser, "synthetic-latency", "streams") == "–"
+    with platform.http.stream("POST", "/v1/functions/counter/invoke", json={"to": 3},
+                              headers={"accept": "text/event-stream"}) as reply:
+        assert len([line for line in reply.iter_lines() if line]) == 4
+    _wait(browser, lambda d: _cell(d, "counter", "streams").endswith(" ms"), "the stream timings")
 
     _wait(browser, lambda d: any("synthetic-training" in row.text
                                  for row in d.find_elements(By.CSS_SELECTOR, "#events tbody tr")), "scaling decisions")

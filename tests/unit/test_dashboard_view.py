@@ -50,8 +50,10 @@ def test_history_aligns_instances_that_come_and_go() -> None:
     document = build(now=10.2, gateway="gw", workers=[gpu], functions=[fn], instances=[a, b],
                      profiles={"fa": None}, events=[event],
                      activity={"fa": FunctionActivity(requests={5: 4, 9: 6})}, latency=latency,
-                     telemetry={"a": {"granted_share": 0.3, "used_share": 0.25}}, history=history)
+                     telemetry={"a": {"granted_share": 0.3, "used_share": 0.25}}, history=history,
+                     streams=lambda name, now: {"first_chunk_p50_ms": 2.5} if name == "fa" else None)
     function = document["functions"][0]
+    assert function["streams"] == {"first_chunk_p50_ms": 2.5}
     assert (function["ready"], function["rate_per_s"], function["p99_ms"], function["slo_p99_ms"]) == (1, 1.0, 20.0, 50)
     device = document["devices"][0]
     assert [(i["id"], i["granted"], i["used"]) for i in device["instances"]] == [("a", 0.3, 0.25), ("b", None, None)]

@@ -58,13 +58,16 @@ function renderFunctions(functions) {
       `slice ${fmt(p.sm_request)}/${fmt(p.sm_limit)}, batch ${p.batch}, ${fmt(p.throughput_per_s, 1)}/s`;
     const over = f.p99_ms !== null && f.slo_p99_ms && f.p99_ms > f.slo_p99_ms;
     const p99 = el("td", { class: "num p99" + (over ? " over" : "") }, `${fmt(f.p99_ms, 1)} / ${fmt(f.slo_p99_ms, 0)} ms`);
+    const s = f.streams;
+    const streams = el("td", { class: "num streams" }, !s ? "–" :
+      `${fmt(s.first_chunk_p50_ms, 1)} / ${fmt(s.chunk_gap_p50_ms, 1)} ms`);
     const status = el("span", { class: "status " + f.status, title: f.error || "" }, f.status);
     return el("tr", { "data-function": f.name },
       el("td", {}, el("strong", {}, f.name), f.inference_protocol ? el("span", { class: "muted" }, " · v2") : ""),
       el("td", {}, status), el("td", { class: "num" }, f.version),
       el("td", { class: "num instances" }, `${f.ready} ready` + (f.starting ? `, ${f.starting} starting` : "")
         + (f.queued ? `, ${f.queued} queued` : "")),
-      el("td", { class: "num rate" }, fmt(f.rate_per_s, 1)), p99, el("td", {}, profile),
+      el("td", { class: "num rate" }, fmt(f.rate_per_s, 1)), p99, streams, el("td", {}, profile),
       el("td", { class: "num requests" }, f.requests_total));
   }));
   const select = document.getElementById("log-function");
