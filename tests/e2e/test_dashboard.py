@@ -110,8 +110,9 @@ def test_dashboard_shows_the_platform_live(start_platform, browser, tmp_path: Pa
 
     # A streaming function's time to first chunk and between chunks (it fits beside the resized one).
     counter = FIXTURE_FUNCTIONS / "counter_stream" / "model.yaml"   # on the (fake) GPU, this host's only device
-    assert platform.deploy_file(counter, counter.read_text().replace("gpu: false", "gpu: true")
-                               .replace("sm_request: 0.5, sm_limit: 1.0", "sm_request: 0.05, sm_limit: 0.05")).status_code == 201
+    small = counter.read_text().replace("gpu: false", "gpu: true").replace("sm_request: 0.5, sm_limit: 1.0",
+                                                                             "sm_request: 0.05, sm_limit: 0.05")
+    assert platform.deploy_file(counter, small).status_code == 201
     platform.wait_ready("counter")
     assert _cell(browser, "synthetic-latency", "streams") == "–"
     with platform.http.stream("POST", "/v1/functions/counter/invoke", json={"to": 3},
