@@ -62,7 +62,11 @@ class GptGenerator(Handler):
         count = request.get("max_new_tokens", 16)
         if not isinstance(count, int) or not 1 <= count <= self.max_new_tokens:
             raise InputError(f"max_new_tokens must be a whole number between 1 and {self.max_new_tokens}")
-        return {"sequence": list(request["prompt"].encode("utf-8")), "left": count}
+        sequence = list(request["prompt"].encode("utf-8"))
+        if len(sequence) + count > self.model.context:
+            raise InputError(f"the prompt is {len(sequence)} tokens; with max_new_tokens {count} that passes the "
+                             f"model's context of {self.model.context} tokens")
+        return {"sequence": sequence, "left": count}
 
     def step(self, states: list[dict]) -> list:
         """One token for every running request, in one forward pass; a request's last is Last."""

@@ -27,7 +27,7 @@ def _store(services: ServicesDep) -> ArtifactStore:
 
 @router.put("/{digest}", status_code=201, response_model=ArtifactStored, responses={
     200: {"description": "The artifact was stored already (the body is not read)", "model": ArtifactStored},
-    **errors(413, 422)},
+    **errors(413, 422), 507: {"description": "The store cannot hold it now (disk full or failing)"}},
     openapi_extra={"requestBody": {"required": True, "description": "A safetensors file",
                                    "content": {"application/octet-stream": {"schema": {"type": "string",
                                                                                        "format": "binary"}}}}})
@@ -50,6 +50,9 @@ async def put_artifact(request: Request, response: Response, services: ServicesD
     except ArtifactError as exc:
         writer.discard()
         raise HTTPException(413 if isinstance(exc, ArtifactTooLarge) else 422, f"artifact {digest}: {exc}") from None
+    except OSError as exc:   # the store's disk is full or failing: the caller may try again later
+        writer.discard()
+        raise HTTPException(507, f"artifact {digest} cannot be stored: {exc.strerror or exc}") from None
     except BaseException:
         writer.discard()
         raise

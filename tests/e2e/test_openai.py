@@ -76,6 +76,8 @@ def test_errors_come_in_the_shape_the_client_reads(gpt) -> None:
         client.chat.completions.create(model="gpt", messages=[])
     with pytest.raises(openai.BadRequestError, match="temperature"):
         client.completions.create(model="gpt", prompt="x", temperature=7)
+    with pytest.raises(openai.BadRequestError, match="model's context of 128 tokens"):
+        client.completions.create(model="gpt", prompt="x" * 120, max_tokens=16, stream=True)
     client.close()
 
 
