@@ -257,10 +257,28 @@ def deploy(
     out.print(styled("ready", "green", f": {name}  ->  POST {function['invoke_url']}"))
 
 
+PAGE = 500
+
+
+def every_function() -> list[dict[str, Any]]:
+    """Every function, page by page (a catalogue of thousands is not one answer)."""
+    gateway, functions, cursor = _client(), [], None
+    try:
+        while True:
+            params = {"limit": PAGE, **({"cursor": cursor} if cursor else {})}
+            reply = gateway.request("GET", "/v1/functions", params=params)
+            functions += reply.json()
+            cursor = reply.headers.get("x-next-cursor")
+            if not cursor:
+                return functions
+    except CliError as exc:
+        _fail(str(exc))
+
+
 @app.command("ls")
 def list_functions() -> None:
     """List functions."""
-    functions = call("GET", "/v1/functions")
+    functions = every_function()
     table = Table("NAME", "VERSION", "STATUS", "READY", "STARTING", "REQUESTS", "CLASS")
     for f in functions:
         table.add_row(f["name"], str(f["version"]), f["status"], str(f["ready_instances"]),

@@ -53,8 +53,22 @@ class Client:
         """Runs function ``name`` on one JSON-serialisable input and returns its result."""
         return self._call("POST", f"/v1/functions/{name}/invoke", json=payload)
 
-    def functions(self) -> list[dict[str, Any]]:
-        return self._call("GET", "/v1/functions")
+    def functions(self, page: int = 500) -> list[dict[str, Any]]:
+        """Every function, read ``page`` at a time."""
+        functions: list[dict[str, Any]] = []
+        cursor = None
+        while True:
+            params = {"limit": page, **({"cursor": cursor} if cursor else {})}
+            try:
+                reply = self._http.get("/v1/functions", params=params)
+            except httpx.HTTPError as exc:
+                raise DiluError(0, f"cannot reach the Dilu gateway at {self.url}: {exc}") from None
+            if reply.status_code >= 400:
+                raise DiluError(reply.status_code, reply.text[:500])
+            functions += reply.json()
+            cursor = reply.headers.get("x-next-cursor")
+            if not cursor:
+                return functions
 
     def function(self, name: str) -> dict[str, Any]:
         return self._call("GET", f"/v1/functions/{name}")

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, select, true, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -139,6 +140,52 @@ def get_function(*, session: Session, name: str) -> FunctionRow | None:
 
 def list_functions(*, session: Session) -> list[FunctionRow]:
     return list(session.scalars(select(FunctionRow).order_by(FunctionRow.name)))
+
+
+def functions_page(*, session: Session, after: str | None, limit: int) -> list[FunctionRow]:
+    """Up to ``limit`` functions by name, those after ``after`` (keyset paging: a function that
+    exists from the first page to the last is listed exactly once, whatever is added or deleted)."""
+    query = select(FunctionRow).order_by(FunctionRow.name).limit(limit)
+    if after is not None:
+        query = query.where(FunctionRow.name > after)
+    return list(session.scalars(query))
+
+
+MAX_NAMES_IN_QUERY = 500
+
+
+@dataclass
+class FunctionDetails:
+    """What a function's public view adds to its row, read for a page of functions at once."""
+
+    instances: dict[str, list[InstanceRow]]
+    profiles: dict[tuple[str, int], ProfileRow]
+    loading: dict[tuple[str, int], dict]
+
+
+def details_of(*, session: Session, functions: list[FunctionRow]) -> FunctionDetails:
+    """The active instances, profiles and loading stages of ``functions`` in three queries (a
+    page's names in the query; past ``MAX_NAMES_IN_QUERY``, every row, sorted out here)."""
+    names = [f.name for f in functions]
+    few = len(names) <= MAX_NAMES_IN_QUERY
+
+    def of_these(column):  # noqa: ANN001, ANN202 - a column of one of the three tables
+        return column.in_(names) if few else true()
+
+    instances: dict[str, list[InstanceRow]] = {name: [] for name in names}
+    for row in session.scalars(select(InstanceRow).where(of_these(InstanceRow.function),
+                                                         InstanceRow.state.in_(ACTIVE_STATES | {"stopping"}))
+                               .order_by(InstanceRow.created_at)):
+        if row.function in instances:
+            instances[row.function].append(row)
+    wanted = {(f.name, f.version) for f in functions}
+    profiles = {(p.function, p.version): p
+                for p in session.scalars(select(ProfileRow).where(of_these(ProfileRow.function)))
+                if (p.function, p.version) in wanted}
+    loading = {(r.function, r.version): r.stages
+               for r in session.scalars(select(LoadingStagesRow).where(of_these(LoadingStagesRow.function)))
+               if (r.function, r.version) in wanted}
+    return FunctionDetails(instances, profiles, loading)
 
 
 def delete_function(*, session: Session, name: str) -> bool:

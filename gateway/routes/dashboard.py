@@ -56,8 +56,8 @@ async def dashboard(services: ServicesDep) -> dict[str, Any]:
                         list[ScalingEventRow]]:
         with services.sessions() as session:
             functions = repo.list_functions(session=session)
-            profiles = {f.name: repo.get_profile(session=session, function=f.name, version=f.version)
-                        for f in functions}
+            current = repo.details_of(session=session, functions=functions).profiles   # one query, not one each
+            profiles = {f.name: current.get((f.name, f.version)) for f in functions}
             return (repo.list_workers(session=session), functions,
                     repo.list_instances(session=session, active_only=True), profiles,
                     repo.list_events(session=session, limit=30))

@@ -30,18 +30,19 @@ from gateway.services import GatewayServices
 router = APIRouter(prefix="/v1/functions", tags=["functions"], dependencies=SECURED, responses=AUTH_ERRORS)
 
 
-def to_public(row: FunctionRow, session: Session, base_url: str,
-              routing: RoutingTable | None = None, streams: dict[str, Any] | None = None) -> FunctionPublic:
-    instances = [i for i in repo.list_instances(session=session, function=row.name, active_only=True)
-                 if i.role == InstanceRole.SERVE]
-    profile = repo.get_profile(session=session, function=row.name, version=row.version)
+def to_public(row: FunctionRow, session: Session, base_url: str, routing: RoutingTable | None = None,
+              streams: dict[str, Any] | None = None, details: repo.FunctionDetails | None = None) -> FunctionPublic:
+    """The function as the API shows it; ``details`` read for a whole page at once (else here)."""
+    details = details or repo.details_of(session=session, functions=[row])
+    instances = [i for i in details.instances.get(row.name, []) if i.role == InstanceRole.SERVE]
+    profile = details.profiles.get((row.name, row.version))
     return FunctionPublic(
         profile=None if profile is None else {
             "status": profile.status, "kind": profile.kind, "sm_request": profile.sm_request,
             "sm_limit": profile.sm_limit, "batch": profile.batch, "throughput_per_s": profile.throughput_per_s,
             "latency_ms": None if profile.latency_s is None else round(profile.latency_s * 1000, 3),
             "meets_slo": profile.meets_slo, "trials": profile.trials, "error": profile.error},
-        loading=repo.get_loading(session=session, function=row.name, version=row.version),
+        loading=details.loading.get((row.name, row.version)),
         queued_requests=routing.queued(row.name) if routing else 0,
         in_flight_requests=routing.in_flight(row.name) if routing else 0,
         name=row.name, version=row.version, status=row.status, error=row.error,
@@ -136,10 +137,30 @@ async def deploy(body: DeployRequest, request: Request, response: Response, serv
     return public
 
 
-@router.get("", response_model=list[FunctionPublic])
-def list_functions(request: Request, session: SessionDep, services: ServicesDep) -> list[FunctionPublic]:
-    return [to_public(row, session, _base_url(request), services.routing)
-            for row in repo.list_functions(session=session)]
+MAX_PAGE = 1000
+
+
+@router.get("", response_model=list[FunctionPublic], responses={
+    200: {"description": "Functions by name. With ``limit``, one page: when more follow, the header "
+                         "``x-next-cursor`` (and a ``Link`` with ``rel=\"next\"``) gives the cursor of the next"},
+    **errors(422)})
+def list_functions(request: Request, response: Response, session: SessionDep, services: ServicesDep,
+                   limit: int | None = Query(None, ge=1, le=MAX_PAGE, description="Functions per page (all when "
+                                                                                  "unset)"),
+                   cursor: str | None = Query(None, max_length=128, pattern=r"^[a-z0-9-]+$",
+                                              description="x-next-cursor of the previous page")
+                   ) -> list[FunctionPublic]:
+    """Every function, or with ``limit`` one page of them: a function that exists from the first
+    page to the last is on exactly one page, whatever is deployed or deleted meanwhile."""
+    rows = repo.functions_page(session=session, after=cursor, limit=limit + 1 if limit else 10**9)
+    if limit and len(rows) > limit:
+        rows = rows[:limit]
+        response.headers["x-next-cursor"] = rows[-1].name
+        response.headers["link"] = f'<{_base_url(request)}/v1/functions?limit={limit}&cursor={rows[-1].name}>; ' \
+                                   'rel="next"'
+    details = repo.details_of(session=session, functions=rows)
+    base = _base_url(request)
+    return [to_public(row, session, base, services.routing, details=details) for row in rows]
 
 
 @router.get("/{name}", response_model=FunctionPublic, responses=errors(404, 422))

@@ -103,3 +103,35 @@ def test_concurrent_deploys_of_one_name_get_every_version_once(sessions) -> None
     assert [created for _, created in results].count(True) == 1
     with sessions() as session:
         assert repo.get_function(session=session, name="race").version == 10
+
+
+def test_paging_lists_each_lasting_function_exactly_once_while_others_come_and_go(sessions) -> None:
+    with sessions() as session:
+        for i in range(30):
+            repo.upsert_function(session=session, spec=make_spec_dict(f"fn-{i:02d}"), source_dir="/a")
+    seen: list[str] = []
+    gone: set[str] = set()
+    cursor = None
+    page = 0
+    while True:
+        with sessions() as session:
+            rows = repo.functions_page(session=session, after=cursor, limit=7)
+            seen += [row.name for row in rows]
+            # Between pages: some functions are deleted (listed already, and not yet), others are
+            # added before and after the cursor.
+            page += 1
+            for name in (f"fn-{page:02d}", f"fn-{29 - page:02d}"):
+                if repo.delete_function(session=session, name=name):
+                    gone.add(name)
+            repo.upsert_function(session=session, spec=make_spec_dict(f"fn-{page:02d}a"), source_dir="/a")
+            repo.upsert_function(session=session, spec=make_spec_dict(f"zz-{page}"), source_dir="/a")
+        if len(rows) < 7:
+            break
+        cursor = rows[-1].name
+    assert len(seen) == len(set(seen))                                   # nothing twice
+    lasting = {f"fn-{i:02d}" for i in range(30)} - gone
+    assert lasting <= set(seen)                                          # every lasting one once
+    with sessions() as session:
+        details = repo.details_of(session=session, functions=repo.functions_page(session=session, after=None,
+                                                                                 limit=3))
+        assert set(details.instances) == {"fn-00", "fn-01a", "fn-02a"} and details.profiles == {}
