@@ -121,6 +121,9 @@ class ControllerSettings(CommonSettings):
     """The control loops."""
 
     reconcile_interval_s: float = Field(0.5, gt=0)
+    resync_interval_s: float = Field(30.0, gt=0, description="Every function is reconciled at least this often; "
+                                                             "between resyncs only those where something may be "
+                                                             "decided (dilu/policy/visits.py)")
     worker_ttl_s: float = Field(5.0, gt=0, description="A worker silent this long is lost")
     cold_start_default_s: float = Field(2.0, ge=0, description="Assumed cold start of a version never started yet")
     profiling: bool = Field(True, description="Profile functions whose spec does not pin a slice")

@@ -39,6 +39,7 @@ from dilu.messages import (
     WorkerInfo,
 )
 from dilu.policy.scheduler import Scheduler
+from dilu.policy.visits import FunctionFacts, needs_visit
 from dilu.state.base import Channel, StateStore, follow
 from dilu.worker_client import QUICK_CALL_S, WorkerDirectory, WorkerUnavailable
 
@@ -84,6 +85,9 @@ class Reconciler:
         self._pruned_at = 0.0
         self._pass_failures = FailureLog(log, "the reconcile pass")
         self._silent: dict[str, FailureLog] = {}                   # per worker: its unanswered instance lists
+        self._last_seen: dict[str, tuple[int, str]] = {}           # function -> (version, status) at its last visit
+        self._resynced_at = -float("inf")
+        self.visits: dict[str, int] = {}                           # reconciles per function (observability, tests)
 
     # ---- the loop ----
     async def run(self) -> None:
@@ -178,8 +182,12 @@ class Reconciler:
         activity = self._activity = await self._store.function_activity()
         telemetry = await self._store.telemetry()
         self.functions.forget_except({(f.name, f.version) for f in snapshot.functions})
-        for function in snapshot.functions:
-            rows = [r for r in snapshot.instances if r.function == function.name]
+        due = self._due(snapshot, activity)
+        history = await self.ctx.db(repo.instances_of, functions=[f.name for f in due]) if due else {}
+        for function in due:
+            rows = history.get(function.name, [])
+            self.visits[function.name] = self.visits.get(function.name, 0) + 1
+            self._last_seen[function.name] = (function.version, function.status)
             try:
                 await self.functions.reconcile(function, rows, snapshot.profiles.get((function.name, function.version)),
                                                activity.get(function.name, FunctionActivity()), live, telemetry)
@@ -191,10 +199,31 @@ class Reconciler:
             await self.ctx.db(repo.prune_instances, keep_ended=KEEP_ENDED_INSTANCES)
             self._pruned_at = time.monotonic()
 
+    def _due(self, snapshot: _Snapshot, activity: dict[str, FunctionActivity]) -> list[FunctionRow]:
+        """The functions this pass reconciles: all of them at a resync, else those where
+        something may be decided (``dilu.policy.visits``)."""
+        if time.monotonic() - self._resynced_at >= self.settings.resync_interval_s:
+            self._resynced_at = time.monotonic()
+            self._last_seen = {}
+            return list(snapshot.functions)
+        counts: dict[str, int] = {}
+        for row in snapshot.instances:
+            counts[row.function] = counts.get(row.function, 0) + 1
+        now = time.time()
+        names = {f.name for f in snapshot.functions}
+        self._last_seen = {name: seen for name, seen in self._last_seen.items() if name in names}
+        return [f for f in snapshot.functions if needs_visit(
+            FunctionFacts(f.name, f.version, f.status, f.typed_spec.scaling.min_instances, counts.get(f.name, 0)),
+            activity.get(f.name), self._last_seen.get(f.name), now)]
+
     def _read_snapshot(self) -> _Snapshot:
+        """Every function, the instances that are active or stopping (the ones a pass folds,
+        routes and counts) and the profiles; ended instances are read only for the functions
+        a pass reconciles."""
         with self.ctx.sessions() as session:
             profiles = {(p.function, p.version): p for p in repo.list_profiles(session=session)}
-            return _Snapshot(repo.list_functions(session=session), repo.list_instances(session=session), profiles)
+            return _Snapshot(repo.list_functions(session=session),
+                             repo.list_instances(session=session, active_only=True), profiles)
 
     async def _observe(self, live: Sequence[WorkerInfo]) -> tuple[dict[str, InstanceStatus], set[str]]:
         """Every live worker's instances, asked in parallel, each within ``QUICK_CALL_S``: a

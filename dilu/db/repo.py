@@ -274,6 +274,18 @@ def list_instances(*, session: Session, function: str | None = None,
     return list(session.scalars(query))
 
 
+def instances_of(*, session: Session, functions: list[str]) -> dict[str, list[InstanceRow]]:
+    """Every instance row (ended ones too) of ``functions``, oldest first, by function."""
+    rows: dict[str, list[InstanceRow]] = {name: [] for name in functions}
+    query = select(InstanceRow).order_by(InstanceRow.created_at)
+    if len(functions) <= MAX_NAMES_IN_QUERY:
+        query = query.where(InstanceRow.function.in_(functions))
+    for row in session.scalars(query):
+        if row.function in rows:
+            rows[row.function].append(row)
+    return rows
+
+
 def prune_instances(*, session: Session, keep_ended: int) -> None:
     """Keeps the newest ``keep_ended`` ended instances per function (their logs stay readable)."""
     ended = list(session.scalars(

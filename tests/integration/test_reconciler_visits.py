@@ -1,0 +1,63 @@
+"""The reconcile pass visits only functions where something may be decided: an idle function
+(scaled to zero, no traffic, nothing pending) waits for the next resync, and demand for it is
+reconciled at the next pass, without waiting for one."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from dilu.config import ControllerSettings
+from dilu.controller.reconciler import Reconciler
+from dilu.db import repo
+from dilu.db.models import utcnow
+from dilu.default_impl import create_scheduler
+from dilu.messages import FunctionStatus
+from dilu.state.memory import MemoryStore
+from dilu.worker_client import WorkerDirectory
+from tests.builders import make_spec_dict, make_worker
+from tests.integration.test_reconciler_starts import HeldStartsWorker
+
+pytestmark = pytest.mark.integration
+
+PINNED = {"memory": "64Mi", "gpu": False, "sm_request": 0.1, "sm_limit": 0.1}   # no profiling
+
+
+def _ready_function(sessions, name: str, min_instances: int) -> None:
+    with sessions() as session:
+        repo.upsert_function(session=session, spec=make_spec_dict(name, resources=PINNED,
+                                                                  scaling={"min_instances": min_instances}),
+                             source_dir="/code")
+        repo.set_function_status(session=session, name=name, version=1, status=FunctionStatus.READY.value)
+
+
+async def test_an_idle_function_waits_for_the_resync_and_demand_is_reconciled_at_once(sessions) -> None:
+    for index in range(20):
+        _ready_function(sessions, f"idle-{index:02d}", min_instances=0)
+    _ready_function(sessions, "held", min_instances=1)        # must hold an instance: visited every pass
+    with sessions() as session:
+        repo.upsert_workers(session=session, workers=[make_worker("w1")], now=utcnow())
+    store = MemoryStore()
+    await store.heartbeat(make_worker("w1"), ttl_s=60)
+    worker = HeldStartsWorker(store)
+    worker.release.set()
+    async with httpx.AsyncClient() as http:
+        directory = WorkerDirectory(http, None)
+        directory.register_local("w1", worker)
+        reconciler = Reconciler(sessions=sessions, store=store, directory=directory, scheduler=create_scheduler(),
+                                settings=ControllerSettings(resync_interval_s=3600))
+        try:
+            for _ in range(4):
+                await reconciler.reconcile_once()
+            assert reconciler.visits["held"] == 4
+            assert all(reconciler.visits[f"idle-{index:02d}"] == 1 for index in range(20))   # the first pass's resync
+            # A request waits for idle-07 (scale from zero): the next pass reconciles it and starts an instance.
+            await store.report_activity("gw", {"idle-07": {"in_flight": 0, "queued": 1, "last_request_at": None}},
+                                        {}, ttl_s=60)
+            await reconciler.reconcile_once()
+            assert reconciler.visits["idle-07"] == 2 and reconciler.visits["idle-08"] == 1
+            with sessions() as session:
+                started = repo.list_instances(session=session, function="idle-07", active_only=True)
+            assert len(started) == 1
+        finally:
+            await reconciler.shutdown()
