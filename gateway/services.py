@@ -52,6 +52,9 @@ class FunctionEntry:
         return SpecModel.model_validate(self.spec)
 
 
+FUNCTIONS_RESYNC_S = 30.0
+
+
 class FunctionCache:
     """Specs and statuses of deployed functions, refreshed on events and periodically."""
 
@@ -117,11 +120,14 @@ class ActivityRecorder:
         """The snapshot to publish and the counts gathered since the last call."""
         counts, self._counts = self._counts, {}
         hints = self.hints.snapshot(time.time())
+        # Only functions with something to say: an absent one reads as idle (no requests in
+        # flight or queued), so an idle catalogue of thousands costs nothing per flush.
+        busy = {name for name in functions if self._routing.in_flight(name) or self._routing.queued(name)}
         snapshot = {
             name: {"in_flight": self._routing.in_flight(name), "queued": self._routing.queued(name),
                    "last_request_at": self._last_request.get(name),
                    "workflow": hints[name].to_wire() if name in hints else None}
-            for name in set(functions) | set(self._last_request) | set(hints)
+            for name in busy | set(self._last_request) | set(hints)
         }
         return snapshot, counts
 
@@ -131,6 +137,7 @@ class GatewayServices:
                  directory: WorkerDirectory, http: httpx.AsyncClient) -> None:
         self.settings = settings
         self.sessions = sessions
+        self._resynced_at = time.monotonic()
         self.store = store
         self.directory = directory
         self.http = http
@@ -226,8 +233,12 @@ class GatewayServices:
         await self.functions.refresh(message.get("function"))
 
     async def _refresh_all(self) -> None:
+        """The periodic safety net beside the events: keys and routes every time; the function
+        catalogue (announced on every change) at the longer FUNCTIONS_RESYNC_S."""
         await self.auth.refresh()
-        await self.functions.refresh()
+        if time.monotonic() - self._resynced_at >= FUNCTIONS_RESYNC_S:
+            self._resynced_at = time.monotonic()
+            await self.functions.refresh()
         self.routing.replace_all(await self.current_routes())
 
     async def current_routes(self) -> dict[str, list[Endpoint]]:

@@ -144,4 +144,7 @@ class Actuator:
 
 
 def _rows_and_functions(*, session: Session) -> tuple[list[InstanceRow], list[FunctionRow]]:
-    return repo.list_instances(session=session, active_only=True), repo.list_functions(session=session)
+    """The active instances and the functions they belong to (placement needs their classes;
+    an idle catalogue is not read)."""
+    rows = repo.list_instances(session=session, active_only=True)
+    return rows, repo.functions_named(session=session, names={row.function for row in rows})

@@ -39,7 +39,7 @@ from dilu.messages import (
     WorkerInfo,
 )
 from dilu.policy.scheduler import Scheduler
-from dilu.policy.visits import FunctionFacts, needs_visit
+from dilu.policy.visits import SETTLED_STATUSES, FunctionFacts, needs_visit
 from dilu.state.base import Channel, StateStore, follow
 from dilu.worker_client import QUICK_CALL_S, WorkerDirectory, WorkerUnavailable
 
@@ -56,6 +56,22 @@ class _Snapshot:
     functions: list[FunctionRow]
     instances: list[InstanceRow]
     profiles: dict[tuple[str, int], ProfileRow]
+
+
+def _patched(session: Session, catalogue: tuple[dict[str, FunctionRow], dict[tuple[str, int], ProfileRow]],
+             names: set[str]) -> tuple[dict[str, FunctionRow], dict[tuple[str, int], ProfileRow]]:
+    """The catalogue with the rows and profiles of ``names`` read again (gone ones dropped)."""
+    functions, profiles = dict(catalogue[0]), dict(catalogue[1])
+    for name in names:
+        row = repo.get_function(session=session, name=name)
+        if row is None:
+            functions.pop(name, None)
+        else:
+            functions[name] = row
+        for key in [key for key in profiles if key[0] == name]:
+            del profiles[key]
+        profiles.update({(p.function, p.version): p for p in repo.profiles_of(session=session, function=name)})
+    return functions, profiles
 
 
 def wake_in_s(activity: dict[str, FunctionActivity], now: float, interval_s: float) -> float:
@@ -87,6 +103,12 @@ class Reconciler:
         self._silent: dict[str, FailureLog] = {}                   # per worker: its unanswered instance lists
         self._last_seen: dict[str, tuple[int, str]] = {}           # function -> (version, status) at its last visit
         self._resynced_at = -float("inf")
+        # The catalogue (function rows and profiles), re-read when a deploy, delete, status or
+        # slice change is announced, when demand names a function it lacks, and at each resync,
+        # not on every pass: an idle catalogue of thousands costs nothing to keep.
+        self._catalogue: tuple[dict[str, FunctionRow], dict[tuple[str, int], ProfileRow]] | None = None
+        self._catalogue_changes = 0   # counts full invalidations, so a read that raced one is not kept
+        self._stale: set[str] = set()   # functions announced changed since the catalogue was read
         self.visits: dict[str, int] = {}                           # reconciles per function (observability, tests)
 
     # ---- the loop ----
@@ -115,6 +137,12 @@ class Reconciler:
 
     async def _listen(self, channel: Channel) -> None:
         async for message in follow(self._store, channel):
+            named = message.get("function")
+            if channel == Channel.FUNCTIONS and not isinstance(named, str):
+                self._forget_catalogue()
+            elif isinstance(named, str) and (channel == Channel.FUNCTIONS or (
+                    channel == Channel.DEMAND and self._catalogue is not None and named not in self._catalogue[0])):
+                self._stale.add(named)   # re-read alone at the next pass
             if channel == Channel.INSTANCES and message.get("state") == READY:
                 self.ctx.spawn(self._route_ready(str(message.get("worker")), str(message.get("instance"))))
             self.ctx.wake.set()
@@ -147,6 +175,10 @@ class Reconciler:
 
     async def reconcile_once(self) -> None:
         now = utcnow()
+        resync = time.monotonic() - self._resynced_at >= self.settings.resync_interval_s
+        if resync:
+            self._resynced_at = time.monotonic()
+            self._forget_catalogue()
         try:
             live = await self._store.live_workers()
         except Exception:
@@ -182,7 +214,9 @@ class Reconciler:
         activity = self._activity = await self._store.function_activity()
         telemetry = await self._store.telemetry()
         self.functions.forget_except({(f.name, f.version) for f in snapshot.functions})
-        due = self._due(snapshot, activity)
+        due = self._due(snapshot, activity, resync)
+        # A deployment in progress (profiling, starting) is read afresh each pass, as it moves.
+        self._stale.update(f.name for f in due if f.status not in SETTLED_STATUSES)
         history = await self.ctx.db(repo.instances_of, functions=[f.name for f in due]) if due else {}
         for function in due:
             rows = history.get(function.name, [])
@@ -199,11 +233,10 @@ class Reconciler:
             await self.ctx.db(repo.prune_instances, keep_ended=KEEP_ENDED_INSTANCES)
             self._pruned_at = time.monotonic()
 
-    def _due(self, snapshot: _Snapshot, activity: dict[str, FunctionActivity]) -> list[FunctionRow]:
+    def _due(self, snapshot: _Snapshot, activity: dict[str, FunctionActivity], resync: bool) -> list[FunctionRow]:
         """The functions this pass reconciles: all of them at a resync, else those where
         something may be decided (``dilu.policy.visits``)."""
-        if time.monotonic() - self._resynced_at >= self.settings.resync_interval_s:
-            self._resynced_at = time.monotonic()
+        if resync:
             self._last_seen = {}
             return list(snapshot.functions)
         counts: dict[str, int] = {}
@@ -213,17 +246,30 @@ class Reconciler:
         names = {f.name for f in snapshot.functions}
         self._last_seen = {name: seen for name, seen in self._last_seen.items() if name in names}
         return [f for f in snapshot.functions if needs_visit(
-            FunctionFacts(f.name, f.version, f.status, f.typed_spec.scaling.min_instances, counts.get(f.name, 0)),
-            activity.get(f.name), self._last_seen.get(f.name), now)]
+            FunctionFacts(f.name, f.version, f.status, int((f.spec.get("scaling") or {}).get("min_instances", 0)),
+                          counts.get(f.name, 0)), activity.get(f.name), self._last_seen.get(f.name), now)]
 
     def _read_snapshot(self) -> _Snapshot:
-        """Every function, the instances that are active or stopping (the ones a pass folds,
-        routes and counts) and the profiles; ended instances are read only for the functions
-        a pass reconciles."""
+        """Every function and profile (the cached catalogue), and the instances that are active
+        or stopping (the ones a pass folds, routes and counts); ended instances are read only
+        for the functions a pass reconciles."""
+        changes, catalogue = self._catalogue_changes, self._catalogue
+        stale, self._stale = self._stale, set()
         with self.ctx.sessions() as session:
-            profiles = {(p.function, p.version): p for p in repo.list_profiles(session=session)}
-            return _Snapshot(repo.list_functions(session=session),
-                             repo.list_instances(session=session, active_only=True), profiles)
+            if catalogue is None:
+                catalogue = ({row.name: row for row in repo.list_functions(session=session)},
+                             {(p.function, p.version): p for p in repo.list_profiles(session=session)})
+            elif stale:
+                catalogue = _patched(session, catalogue, stale)
+            functions = sorted(catalogue[0].values(), key=lambda row: row.name)
+            snapshot = _Snapshot(functions, repo.list_instances(session=session, active_only=True), catalogue[1])
+        if changes == self._catalogue_changes:
+            self._catalogue = catalogue
+        return snapshot
+
+    def _forget_catalogue(self) -> None:
+        self._catalogue = None
+        self._catalogue_changes += 1
 
     async def _observe(self, live: Sequence[WorkerInfo]) -> tuple[dict[str, InstanceStatus], set[str]]:
         """Every live worker's instances, asked in parallel, each within ``QUICK_CALL_S``: a

@@ -154,6 +154,16 @@ def functions_page(*, session: Session, after: str | None, limit: int) -> list[F
 MAX_NAMES_IN_QUERY = 500
 
 
+def functions_named(*, session: Session, names: set[str]) -> list[FunctionRow]:
+    """The functions of ``names`` (those that exist), by name."""
+    if not names:
+        return []
+    query = select(FunctionRow).order_by(FunctionRow.name)
+    if len(names) <= MAX_NAMES_IN_QUERY:
+        query = query.where(FunctionRow.name.in_(sorted(names)))
+    return [row for row in session.scalars(query) if row.name in names]
+
+
 @dataclass
 class FunctionDetails:
     """What a function's public view adds to its row, read for a page of functions at once."""
@@ -332,6 +342,10 @@ def get_profile(*, session: Session, function: str, version: int) -> ProfileRow 
 
 def list_profiles(*, session: Session) -> list[ProfileRow]:
     return list(session.scalars(select(ProfileRow)))
+
+
+def profiles_of(*, session: Session, function: str) -> list[ProfileRow]:
+    return list(session.scalars(select(ProfileRow).where(ProfileRow.function == function)))
 
 
 def put_workflow(*, session: Session, name: str, spec: dict) -> tuple[WorkflowRow, bool]:
