@@ -1,8 +1,8 @@
 """What an idle catalogue costs: `dilu up` with 1, 100 and 1,000 idle functions (or --levels).
 
 For each level, a fresh `dilu up` (embedded default) gets that many idle functions (scaled to
-zero, no traffic: rows written straight into its database, as a long-running platform would
-have them, without a start each to prove they load) and one busy function (one instance,
+zero, no traffic: rows written into its database before it starts, as a restarted platform
+finds its catalogue, without a start each to prove they load) and one busy function (one instance,
 deployed through the API). Then, one after another:
 
 - CPU of the `dilu up` process over --idle-s seconds with nothing to do, in ms per second;
@@ -46,11 +46,14 @@ IDLE_SPEC = {"handler": "handler:Echo", "resources": {"memory": "64Mi", "gpu": F
 
 
 def write_idle_functions(home: Path, names: list[str]) -> None:
-    """Idle functions as rows of the platform's database (ready, scaled to zero)."""
+    """Idle functions as rows of the platform's database (ready, scaled to zero), written before
+    it starts, as a platform restarted with its catalogue would find them."""
     from dilu.db import repo
-    from dilu.db.engine import make_engine, make_session_factory
+    from dilu.db.engine import make_engine, make_session_factory, migrate
     from dilu.spec import spec_from_dict, spec_to_dict
 
+    home.mkdir(parents=True, exist_ok=True)
+    migrate(f"sqlite:///{home / 'dilu.db'}")
     engine = make_engine(f"sqlite:///{home / 'dilu.db'}")
     sessions = make_session_factory(engine)
     with sessions() as session:
@@ -86,9 +89,9 @@ def p99(values: list[float]) -> float:
 def measure(count: int, args: argparse.Namespace, workdir: Path) -> dict[str, float]:
     home = workdir / f"home-{count}"
     env = {"PYTHONPATH": args.code} if args.code else {}
+    write_idle_functions(home, [f"idle-{i:05d}" for i in range(count)] + [f"cold-{i}" for i in range(3)])
     platform = Platform(home, env=env)
     try:
-        write_idle_functions(home, [f"idle-{i:05d}" for i in range(count)] + [f"cold-{i}" for i in range(3)])
         busy = (ECHO / "model.yaml").read_text().replace("name: echo", "name: busy") \
             .replace("min_instances: 0", "min_instances: 1")
         assert platform.deploy_file(ECHO / "model.yaml", busy).status_code == 201

@@ -121,7 +121,7 @@ class ControllerSettings(CommonSettings):
     """The control loops."""
 
     reconcile_interval_s: float = Field(0.5, gt=0)
-    resync_interval_s: float = Field(30.0, gt=0, description="Every function is reconciled at least this often; "
+    resync_interval_s: float = Field(300.0, gt=0, description="Every function is reconciled at least this often; "
                                                              "between resyncs only those where something may be "
                                                              "decided (dilu/policy/visits.py)")
     worker_ttl_s: float = Field(5.0, gt=0, description="A worker silent this long is lost")

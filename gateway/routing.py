@@ -44,6 +44,8 @@ class RoutingTable:
     def __init__(self, queue_size: int) -> None:
         self._queue_size = queue_size
         self._functions: dict[str, _FunctionRoutes] = {}
+        self._touched: set[str] = set()   # functions with a request routed or queued since ``busy()``
+        self._busy: set[str] = set()
 
     def _entry(self, function: str) -> _FunctionRoutes:
         entry = self._functions.get(function)
@@ -116,6 +118,7 @@ class RoutingTable:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         entry.waiting += 1
+        self._touched.add(function)
         try:
             if on_queued is not None:
                 await on_queued()
@@ -153,7 +156,15 @@ class RoutingTable:
             entry = self._entry(function)
         return True
 
+    def busy(self) -> set[str]:
+        """The functions with requests in flight or queued now (found among those touched since
+        the last call and those busy then: never a scan of every function)."""
+        touched, self._touched = self._touched, set()
+        self._busy = {name for name in touched | self._busy if self.in_flight(name) or self.queued(name)}
+        return set(self._busy)
+
     def acquire(self, function: str, instance_id: str) -> None:
+        self._touched.add(function)
         entry = self._entry(function)
         entry.outstanding[instance_id] = entry.outstanding.get(instance_id, 0) + 1
 

@@ -52,7 +52,7 @@ class FunctionEntry:
         return SpecModel.model_validate(self.spec)
 
 
-FUNCTIONS_RESYNC_S = 30.0
+FUNCTIONS_RESYNC_S = 120.0
 
 
 class FunctionCache:
@@ -116,13 +116,13 @@ class ActivityRecorder:
         from: a request longer than the keep-alive had its instance stopped as it answered)."""
         self._last_request[function] = time.time()
 
-    def take(self, functions: list[str]) -> tuple[dict[str, dict[str, Any]], dict[str, dict[int, int]]]:
+    def take(self) -> tuple[dict[str, dict[str, Any]], dict[str, dict[int, int]]]:
         """The snapshot to publish and the counts gathered since the last call."""
         counts, self._counts = self._counts, {}
         hints = self.hints.snapshot(time.time())
         # Only functions with something to say: an absent one reads as idle (no requests in
         # flight or queued), so an idle catalogue of thousands costs nothing per flush.
-        busy = {name for name in functions if self._routing.in_flight(name) or self._routing.queued(name)}
+        busy = self._routing.busy()
         snapshot = {
             name: {"in_flight": self._routing.in_flight(name), "queued": self._routing.queued(name),
                    "last_request_at": self._last_request.get(name),
@@ -263,7 +263,7 @@ class GatewayServices:
         """Sends the counters gathered since the last flush to the state store and the request
         totals to the database, each on its own: what one of them could not take is kept and
         sent with the next flush, so an outage of either loses no count."""
-        snapshot, counts = self.activity.take(self.functions.names())
+        snapshot, counts = self.activity.take()
         self._pending_counts = _merge_counts(self._pending_counts, counts)
         for name, per_second in counts.items():
             self._pending_totals[name] = self._pending_totals.get(name, 0) + sum(per_second.values())

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -56,6 +56,7 @@ class _Snapshot:
     functions: list[FunctionRow]
     instances: list[InstanceRow]
     profiles: dict[tuple[str, int], ProfileRow]
+    by_name: dict[str, FunctionRow] = field(default_factory=dict)
 
 
 def _patched(session: Session, catalogue: tuple[dict[str, FunctionRow], dict[tuple[str, int], ProfileRow]],
@@ -109,6 +110,8 @@ class Reconciler:
         self._catalogue: tuple[dict[str, FunctionRow], dict[tuple[str, int], ProfileRow]] | None = None
         self._catalogue_changes = 0   # counts full invalidations, so a read that raced one is not kept
         self._stale: set[str] = set()   # functions announced changed since the catalogue was read
+        self._attention: set[str] = set()   # functions read again (or never visited) since their last visit
+        self._forgotten_for: dict[str, FunctionRow] | None = None   # the catalogue forget_except last saw
         self.visits: dict[str, int] = {}                           # reconciles per function (observability, tests)
 
     # ---- the loop ----
@@ -213,7 +216,9 @@ class Reconciler:
             await self._publish_routes(snapshot)
         activity = self._activity = await self._store.function_activity()
         telemetry = await self._store.telemetry()
-        self.functions.forget_except({(f.name, f.version) for f in snapshot.functions})
+        if snapshot.by_name is not self._forgotten_for:   # the catalogue changed: drop what left it
+            self.functions.forget_except({(f.name, f.version) for f in snapshot.functions})
+            self._forgotten_for = snapshot.by_name
         due = self._due(snapshot, activity, resync)
         # A deployment in progress (profiling, starting) is read afresh each pass, as it moves.
         self._stale.update(f.name for f in due if f.status not in SETTLED_STATUSES)
@@ -243,11 +248,22 @@ class Reconciler:
         for row in snapshot.instances:
             counts[row.function] = counts.get(row.function, 0) + 1
         now = time.time()
-        names = {f.name for f in snapshot.functions}
-        self._last_seen = {name: seen for name, seen in self._last_seen.items() if name in names}
-        return [f for f in snapshot.functions if needs_visit(
-            FunctionFacts(f.name, f.version, f.status, int((f.spec.get("scaling") or {}).get("min_instances", 0)),
-                          counts.get(f.name, 0)), activity.get(f.name), self._last_seen.get(f.name), now)]
+        # Only candidates are weighed (sized by the work, not the catalogue): functions read
+        # again or never visited, and those with instances or activity.
+        candidates = self._attention | set(counts) | set(activity)
+        due = []
+        for name in sorted(candidates):
+            f = snapshot.by_name.get(name)
+            if f is None:
+                self._attention.discard(name)
+                continue
+            minimum = int((f.spec.get("scaling") or {}).get("min_instances", 0))
+            if needs_visit(FunctionFacts(f.name, f.version, f.status, minimum, counts.get(name, 0)),
+                           activity.get(name), self._last_seen.get(name), now):
+                due.append(f)
+            if f.status in SETTLED_STATUSES and minimum == 0:
+                self._attention.discard(name)   # visited now if it needed it; its next change re-adds it
+        return due
 
     def _read_snapshot(self) -> _Snapshot:
         """Every function and profile (the cached catalogue), and the instances that are active
@@ -259,10 +275,12 @@ class Reconciler:
             if catalogue is None:
                 catalogue = ({row.name: row for row in repo.list_functions(session=session)},
                              {(p.function, p.version): p for p in repo.list_profiles(session=session)})
+                self._attention = set(catalogue[0])
             elif stale:
                 catalogue = _patched(session, catalogue, stale)
-            functions = sorted(catalogue[0].values(), key=lambda row: row.name)
-            snapshot = _Snapshot(functions, repo.list_instances(session=session, active_only=True), catalogue[1])
+                self._attention |= stale
+            snapshot = _Snapshot(list(catalogue[0].values()), repo.list_instances(session=session, active_only=True),
+                                 catalogue[1], catalogue[0])
         if changes == self._catalogue_changes:
             self._catalogue = catalogue
         return snapshot

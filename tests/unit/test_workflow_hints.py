@@ -64,7 +64,7 @@ def test_the_gateway_publishes_one_hint_per_function_that_the_controller_reads_m
     first.hints.expect("f", 4e9, "request")
     first.hints.release_when_idle("f", 4e9)
     second.started("f", direct=True)
-    snapshots = [first.take(["f"])[0], second.take(["f"])[0]]
+    snapshots = [first.take()[0], second.take()[0]]
     hint = merge_activity(snapshots, {})["f"].workflow
     assert hint.expected(now=NOW) and hint.release_idle_until == 4e9 and hint.direct_at is not None
     assert not hint.releasable(now=hint.direct_at + 1)          # it serves users directly
