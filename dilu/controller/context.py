@@ -31,6 +31,7 @@ class ControllerContext:
         self.routes_lock = asyncio.Lock()
         self.worker_urls: dict[str, str | None] = {}   # the live workers' addresses, as the last pass read them
         self.background: set[asyncio.Task] = set()
+        self.changed: set[str] = set()   # functions whose status this controller changed since its last read
 
     async def route(self, function: str, instance_id: str, endpoint: Endpoint | None) -> None:
         """Adds one instance's endpoint to its function's published routes (``endpoint``), or
@@ -50,8 +51,11 @@ class ControllerContext:
         return await asyncio.to_thread(self._db, fn, **kwargs)
 
     async def set_status(self, name: str, version: int, status: FunctionStatus, error: str | None = None) -> None:
-        """The one place a function's status changes: written, then published to the gateways."""
+        """The one place a function's status changes: written, noted for this controller's next
+        read of the function (``changed``: not left to its own event's delivery), then published
+        to the gateways."""
         await self.db(repo.set_function_status, name=name, version=version, status=status.value, error=error)
+        self.changed.add(name)
         await self.store.publish(Channel.FUNCTIONS, {"function": name})
 
     async def event(self, function: str, action: str, reason: str, instance_id: str | None = None) -> None:

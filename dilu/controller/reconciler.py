@@ -206,10 +206,10 @@ class Reconciler:
         self.ctx.worker_urls = {info.id: info.url for info in live}
         observed, reachable = await self._observe(live)
         async with self.ctx.routes_lock:
-            snapshot = await asyncio.to_thread(self._read_snapshot)
+            snapshot = await self._snapshot()
             await self._fold_observations(snapshot, observed, reachable, now)
             await self._stop_orphans(snapshot, observed, live)
-            snapshot = await asyncio.to_thread(self._read_snapshot)
+            snapshot = await self._snapshot()
             # Instances that became ready take traffic now, not once this pass has decided for
             # every function and made the worker calls that asks for (on a busy host, a tenth of
             # a second in which a loaded instance holds its memory and its requests wait).
@@ -233,7 +233,7 @@ class Reconciler:
             except Exception:
                 log.exception("reconciling %s failed", function.name)
         async with self.ctx.routes_lock:
-            await self._publish_routes(await asyncio.to_thread(self._read_snapshot))
+            await self._publish_routes(await self._snapshot())
         if time.monotonic() - self._pruned_at >= PRUNE_EVERY_S:    # it reads every ended row
             await self.ctx.db(repo.prune_instances, keep_ended=KEEP_ENDED_INSTANCES)
             self._pruned_at = time.monotonic()
@@ -265,12 +265,17 @@ class Reconciler:
                 self._attention.discard(name)   # visited now if it needed it; its next change re-adds it
         return due
 
-    def _read_snapshot(self) -> _Snapshot:
+    async def _snapshot(self) -> _Snapshot:
+        # The functions to read again are taken here, on the loop, where they are added.
+        stale = self._stale | self.ctx.changed
+        self._stale, self.ctx.changed = set(), set()
+        return await asyncio.to_thread(self._read_snapshot, stale)
+
+    def _read_snapshot(self, stale: set[str]) -> _Snapshot:
         """Every function and profile (the cached catalogue), and the instances that are active
         or stopping (the ones a pass folds, routes and counts); ended instances are read only
         for the functions a pass reconciles."""
         changes, catalogue = self._catalogue_changes, self._catalogue
-        stale, self._stale = self._stale, set()
         with self.ctx.sessions() as session:
             if catalogue is None:
                 catalogue = ({row.name: row for row in repo.list_functions(session=session)},
