@@ -55,8 +55,9 @@ _weights: dict[str, Any] | None = None
 def weights() -> dict[str, Any]:
     """The function's weights, ``{tensor name: tensor}``: torch tensors on the instance's device
     when torch is installed, else read-only numpy arrays. On the CPU they are views of the mapped
-    file (instances on one host share its pages); writing to one is refused. RuntimeError when
-    the spec names no ``weights``."""
+    file (instances on one host share its pages): a numpy array refuses writes, a write to a
+    torch tensor gives this instance a private copy of the pages it touches (the file and other
+    instances are never changed). RuntimeError when the spec names no ``weights``."""
     if _weights is None:
         raise RuntimeError("this function has no weights: name a safetensors file as `weights:` in its spec")
     return _weights
