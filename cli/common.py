@@ -1,6 +1,6 @@
 """What every CLI command shares: the consoles, the gateway client (and one call that fails the
-command with the gateway's message), failing with a message, and reading a JSON input given as
-text or @file."""
+command with the gateway's message, and every page of a list), failing with a message, and
+reading a JSON input given as text or @file."""
 
 from __future__ import annotations
 
@@ -41,6 +41,24 @@ def call(method: str, path: str, *, timeout: float = 30.0, **kwargs: Any) -> Any
     command with the gateway's message."""
     try:
         return client(timeout).json(method, path, **kwargs)
+    except CliError as exc:
+        fail(str(exc))
+
+
+PAGE = 500
+
+
+def every_item(path: str, page: int = PAGE) -> list[Any]:
+    """Every item a list endpoint holds, ``page`` at a time (a catalogue of thousands is not one
+    answer); any error ends the command with the gateway's message."""
+    gateway, items, cursor = client(), [], None
+    try:
+        while True:
+            reply = gateway.request("GET", path, params={"limit": page, **({"cursor": cursor} if cursor else {})})
+            items += reply.json()
+            cursor = reply.headers.get("x-next-cursor")
+            if not cursor:
+                return items
     except CliError as exc:
         fail(str(exc))
 

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from cli.artifacts import upload_weights
 from cli.client import CliError, GatewayClient
-from cli.common import call, client, err, fail, json_input, out, read_file, styled
+from cli.common import call, client, err, every_item, fail, json_input, out, read_file, styled
 from cli.simulate import simulate
 from cli.workflow import workflow_app
 from dilu.config import AllInOneSettings, CliSettings, ControllerSettings, GatewaySettings, WorkerSettings
@@ -257,28 +257,10 @@ def deploy(
     out.print(styled("ready", "green", f": {name}  ->  POST {function['invoke_url']}"))
 
 
-PAGE = 500
-
-
-def every_function() -> list[dict[str, Any]]:
-    """Every function, page by page (a catalogue of thousands is not one answer)."""
-    gateway, functions, cursor = _client(), [], None
-    try:
-        while True:
-            params = {"limit": PAGE, **({"cursor": cursor} if cursor else {})}
-            reply = gateway.request("GET", "/v1/functions", params=params)
-            functions += reply.json()
-            cursor = reply.headers.get("x-next-cursor")
-            if not cursor:
-                return functions
-    except CliError as exc:
-        _fail(str(exc))
-
-
 @app.command("ls")
 def list_functions() -> None:
     """List functions."""
-    functions = every_function()
+    functions = every_item("/v1/functions")
     table = Table("NAME", "VERSION", "STATUS", "READY", "STARTING", "REQUESTS", "CLASS")
     for f in functions:
         table.add_row(f["name"], str(f["version"]), f["status"], str(f["ready_instances"]),

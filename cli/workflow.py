@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from cli.common import call, err, json_input, out, read_file, styled
+from cli.common import call, err, every_item, json_input, out, read_file, styled
 
 workflow_app = typer.Typer(help="Workflows: DAGs of deployed functions.", no_args_is_help=True)
 
@@ -27,7 +27,7 @@ def deploy(file: Annotated[Path, typer.Argument(help="workflow.yaml")]) -> None:
 @workflow_app.command("ls")
 def list_workflows() -> None:
     """List workflows."""
-    items = call("GET", "/v1/workflows")
+    items = every_item("/v1/workflows")
     table = Table("NAME", "VERSION", "NODES", "OUTPUT")
     for item in items:
         output = item["spec"].get("output")

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import delete, select, true, update
+from sqlalchemy import and_, delete, or_, select, true, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -142,9 +142,10 @@ def list_functions(*, session: Session) -> list[FunctionRow]:
     return list(session.scalars(select(FunctionRow).order_by(FunctionRow.name)))
 
 
-def functions_page(*, session: Session, after: str | None, limit: int) -> list[FunctionRow]:
-    """Up to ``limit`` functions by name, those after ``after`` (keyset paging: a function that
-    exists from the first page to the last is listed exactly once, whatever is added or deleted)."""
+def functions_page(*, session: Session, after: str | None, limit: int | None) -> list[FunctionRow]:
+    """Up to ``limit`` functions (None: all) by name, those after ``after`` (keyset paging: a
+    function that exists from the first page to the last is listed exactly once, whatever is
+    added or deleted)."""
     query = select(FunctionRow).order_by(FunctionRow.name).limit(limit)
     if after is not None:
         query = query.where(FunctionRow.name > after)
@@ -284,6 +285,20 @@ def list_instances(*, session: Session, function: str | None = None,
     return list(session.scalars(query))
 
 
+def instances_page(*, session: Session, function: str, active_only: bool, after: tuple[datetime, str] | None,
+                   limit: int | None) -> list[InstanceRow]:
+    """Up to ``limit`` instances of ``function`` (None: all), oldest first, those after ``after``
+    (the creation time and id the previous page ended on)."""
+    query = select(InstanceRow).where(InstanceRow.function == function).order_by(
+        InstanceRow.created_at, InstanceRow.id).limit(limit)
+    if active_only:
+        query = query.where(InstanceRow.state.in_(ACTIVE_STATES | {"stopping"}))
+    if after is not None:
+        query = query.where(or_(InstanceRow.created_at > after[0],
+                                and_(InstanceRow.created_at == after[0], InstanceRow.id > after[1])))
+    return list(session.scalars(query))
+
+
 def instances_of(*, session: Session, functions: list[str]) -> dict[str, list[InstanceRow]]:
     """Every instance row (ended ones too) of ``functions``, oldest first, by function."""
     rows: dict[str, list[InstanceRow]] = {name: [] for name in functions}
@@ -316,10 +331,14 @@ def record_event(*, session: Session, function: str, action: str, reason: str,
     session.commit()
 
 
-def list_events(*, session: Session, function: str | None = None, limit: int = 100) -> list[ScalingEventRow]:
+def list_events(*, session: Session, function: str | None = None, limit: int = 100,
+                before: int | None = None) -> list[ScalingEventRow]:
+    """The newest ``limit`` events (of ``function``; older than the event ``before``), oldest first."""
     query = select(ScalingEventRow).order_by(ScalingEventRow.id.desc()).limit(limit)
     if function is not None:
         query = query.where(ScalingEventRow.function == function)
+    if before is not None:
+        query = query.where(ScalingEventRow.id < before)
     return list(reversed(list(session.scalars(query))))
 
 
@@ -369,8 +388,12 @@ def get_workflow(*, session: Session, name: str) -> WorkflowRow | None:
     return session.get(WorkflowRow, name)
 
 
-def list_workflows(*, session: Session) -> list[WorkflowRow]:
-    return list(session.scalars(select(WorkflowRow).order_by(WorkflowRow.name)))
+def list_workflows(*, session: Session, after: str | None = None, limit: int | None = None) -> list[WorkflowRow]:
+    """Up to ``limit`` workflows (None: all) by name, those after ``after`` (keyset paging)."""
+    query = select(WorkflowRow).order_by(WorkflowRow.name).limit(limit)
+    if after is not None:
+        query = query.where(WorkflowRow.name > after)
+    return list(session.scalars(query))
 
 
 def delete_workflow(*, session: Session, name: str) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from dilu.state.base import Channel
 from gateway.auth import is_admin
 from gateway.deps import ServicesDep, SessionDep
 from gateway.docs import AUTH_ERRORS, SECURED, errors
+from gateway.paging import MAX_PAGE, NEXT_PAGE_DOC, one_page
 from gateway.routing import RoutingTable
 from gateway.schemas import DeployRequest, EventPublic, FunctionPublic, InstancePublic, SliceUpdate
 from gateway.services import GatewayServices
@@ -137,13 +139,8 @@ async def deploy(body: DeployRequest, request: Request, response: Response, serv
     return public
 
 
-MAX_PAGE = 1000
-
-
 @router.get("", response_model=list[FunctionPublic], responses={
-    200: {"description": "Functions by name. With ``limit``, one page: when more follow, the header "
-                         "``x-next-cursor`` (and a ``Link`` with ``rel=\"next\"``) gives the cursor of the next"},
-    **errors(422)})
+    200: {"description": f"Functions by name. {NEXT_PAGE_DOC}"}, **errors(422)})
 def list_functions(request: Request, response: Response, session: SessionDep, services: ServicesDep,
                    limit: int | None = Query(None, ge=1, le=MAX_PAGE, description="Functions per page (all when "
                                                                                   "unset)"),
@@ -152,12 +149,8 @@ def list_functions(request: Request, response: Response, session: SessionDep, se
                    ) -> list[FunctionPublic]:
     """Every function, or with ``limit`` one page of them: a function that exists from the first
     page to the last is on exactly one page, whatever is deployed or deleted meanwhile."""
-    rows = repo.functions_page(session=session, after=cursor, limit=limit + 1 if limit else 10**9)
-    if limit and len(rows) > limit:
-        rows = rows[:limit]
-        response.headers["x-next-cursor"] = rows[-1].name
-        response.headers["link"] = f'<{_base_url(request)}/v1/functions?limit={limit}&cursor={rows[-1].name}>; ' \
-                                   'rel="next"'
+    rows = one_page(repo.functions_page(session=session, after=cursor, limit=limit + 1 if limit else None),
+                    limit, request, response, lambda row: row.name)
     details = repo.details_of(session=session, functions=rows)
     base = _base_url(request)
     return [to_public(row, session, base, services.routing, details=details) for row in rows]
@@ -182,15 +175,41 @@ async def delete_function(name: str, services: ServicesDep) -> dict[str, str]:
     return {"deleted": name}
 
 
-@router.get("/{name}/instances", response_model=list[InstancePublic], responses=errors(404, 422))
-async def list_instances(name: str, services: ServicesDep, request: Request,
-                         all: bool = Query(False, description="Include ended instances")) -> list[InstancePublic]:
+INSTANCE_CURSOR = r"^[0-9]{1,17}\.[A-Za-z0-9._-]{1,64}$"
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+MICROSECOND = timedelta(microseconds=1)
+
+
+def _instance_cursor(row: InstanceRow) -> str:
+    """Where a page of instances ended: its last one's creation (whole microseconds, exact) and id."""
+    return f"{(row.created_at - EPOCH) // MICROSECOND}.{row.id}"
+
+
+def _after_instance(cursor: str | None) -> tuple[datetime, str] | None:
+    if cursor is None:
+        return None
+    micros, _, instance_id = cursor.partition(".")     # 17 digits at most: within the years a datetime holds
+    return EPOCH + int(micros) * MICROSECOND, instance_id
+
+
+@router.get("/{name}/instances", response_model=list[InstancePublic], responses={
+    200: {"description": f"Instances, oldest first. {NEXT_PAGE_DOC}"}, **errors(404, 422)})
+async def list_instances(name: str, services: ServicesDep, request: Request, response: Response,
+                         all: bool = Query(False, description="Include ended instances"),
+                         limit: int | None = Query(None, ge=1, le=MAX_PAGE, description="Instances per page (all "
+                                                                                        "when unset)"),
+                         cursor: str | None = Query(None, max_length=96, pattern=INSTANCE_CURSOR,
+                                                    description="x-next-cursor of the previous page")
+                         ) -> list[InstancePublic]:
+    after = _after_instance(cursor)
+
     def read() -> list[InstanceRow]:
         with services.sessions() as session:
             _existing(session, name)
-            return repo.list_instances(session=session, function=name, active_only=not all)
+            return repo.instances_page(session=session, function=name, active_only=not all, after=after,
+                                       limit=limit + 1 if limit else None)
 
-    rows = await asyncio.to_thread(read)
+    rows = one_page(await asyncio.to_thread(read), limit, request, response, _instance_cursor)
     admin = is_admin(request.scope)   # an instance's full endpoint is a capability: admins only
     try:
         telemetry = await services.store.telemetry()
@@ -236,11 +255,22 @@ async def set_slice(name: str, body: SliceUpdate, request: Request, services: Se
     return public
 
 
-@router.get("/{name}/events", response_model=list[EventPublic], responses=errors(404, 422))
-def list_events(name: str, session: SessionDep, limit: int = Query(100, ge=1, le=10_000)) -> list[EventPublic]:
+@router.get("/{name}/events", response_model=list[EventPublic], responses={
+    200: {"description": "The newest ``limit`` events (or with ``cursor``, those before it), oldest first; when "
+                         "older ones remain, ``x-next-cursor`` (and a ``Link`` with ``rel=\"next\"``) gives "
+                         "the ``cursor`` of the page before"}, **errors(404, 422)})
+def list_events(name: str, request: Request, response: Response, session: SessionDep,
+                limit: int = Query(100, ge=1, le=10_000),
+                cursor: int | None = Query(None, ge=1, le=2**31 - 1, description="x-next-cursor of the later page")
+                ) -> list[EventPublic]:
     _existing(session, name)
+    rows = repo.list_events(session=session, function=name, limit=limit + 1, before=cursor)
+    if len(rows) > limit:    # newest first from the database: the extra one is the oldest
+        rows = rows[1:]
+        response.headers["x-next-cursor"] = str(rows[0].id)
+        response.headers["link"] = f'<{request.url.include_query_params(cursor=rows[0].id)}>; rel="next"'
     return [EventPublic(at=e.at, function=e.function, action=e.action, reason=e.reason, instance_id=e.instance_id)
-            for e in repo.list_events(session=session, function=name, limit=limit)]
+            for e in rows]
 
 
 @router.get("/{name}/logs", responses=errors(404, 422))

@@ -21,6 +21,7 @@ from gateway.deps import ServicesDep, WorkflowsDep
 from gateway.docs import AUTH_ERRORS, SECURED, ErrorBody, errors
 from gateway.errors import error_response
 from gateway.limits import BodyTooLarge, read_capped
+from gateway.paging import MAX_PAGE, NEXT_PAGE_DOC, one_page
 from gateway.services import GatewayServices
 
 router = APIRouter(prefix="/v1/workflows", tags=["workflows"], dependencies=SECURED, responses=AUTH_ERRORS)
@@ -79,13 +80,20 @@ async def deploy_workflow(body: WorkflowDeploy, request: Request, services: Serv
     return JSONResponse(public.model_dump(mode="json"), status_code=201 if created else 200)
 
 
-@router.get("", response_model=list[WorkflowPublic])
-async def list_workflows(request: Request, services: ServicesDep) -> list[WorkflowPublic]:
-    def read() -> list[WorkflowPublic]:
+@router.get("", response_model=list[WorkflowPublic], responses={
+    200: {"description": f"Workflows by name. {NEXT_PAGE_DOC}"}, **errors(422)})
+async def list_workflows(request: Request, response: Response, services: ServicesDep,
+                         limit: int | None = Query(None, ge=1, le=MAX_PAGE, description="Workflows per page (all "
+                                                                                        "when unset)"),
+                         cursor: str | None = Query(None, max_length=128, pattern=r"^[a-z0-9-]+$",
+                                                    description="x-next-cursor of the previous page")
+                         ) -> list[WorkflowPublic]:
+    def read() -> list[WorkflowRow]:
         with services.sessions() as session:
-            return [_public(row, request) for row in repo.list_workflows(session=session)]
+            return repo.list_workflows(session=session, after=cursor, limit=limit + 1 if limit else None)
 
-    return await asyncio.to_thread(read)
+    rows = one_page(await asyncio.to_thread(read), limit, request, response, lambda row: row.name)
+    return [_public(row, request) for row in rows]
 
 
 async def _load(services: GatewayServices, name: str) -> WorkflowRow:

@@ -135,3 +135,36 @@ def test_paging_lists_each_lasting_function_exactly_once_while_others_come_and_g
         details = repo.details_of(session=session, functions=repo.functions_page(session=session, after=None,
                                                                                  limit=3))
         assert set(details.instances) == {"fn-00", "fn-01a", "fn-02a"} and details.profiles == {}
+
+
+def test_instance_pages_follow_creation_then_id_even_when_instances_share_a_moment(sessions) -> None:
+    moment = utcnow()
+    with sessions() as session:
+        repo.upsert_function(session=session, spec=make_spec_dict("fn"), source_dir="/a")
+        for index, instance_id in enumerate(["fn-c", "fn-a", "fn-b", "fn-d", "fn-e"]):
+            row = _instance(instance_id, state="stopped" if instance_id == "fn-d" else "ready")
+            row.created_at = moment + timedelta(seconds=1 if index >= 3 else 0)   # three share one moment
+            repo.create_instance(session=session, row=row)
+    pages, after = [], None
+    while True:
+        with sessions() as session:
+            rows = repo.instances_page(session=session, function="fn", active_only=False, after=after, limit=2)
+        pages.append([row.id for row in rows])
+        if len(rows) < 2:
+            break
+        after = (rows[-1].created_at, rows[-1].id)   # the cursor round-trips the stored time exactly
+    assert pages == [["fn-a", "fn-b"], ["fn-c", "fn-d"], ["fn-e"]]
+    with sessions() as session:
+        active = repo.instances_page(session=session, function="fn", active_only=True, after=None, limit=None)
+    assert [row.id for row in active] == ["fn-a", "fn-b", "fn-c", "fn-e"]
+
+
+def test_event_pages_go_back_in_time_each_oldest_first(sessions) -> None:
+    with sessions() as session:
+        for index in range(5):
+            repo.record_event(session=session, function="fn", action="scale_up", reason=f"r{index}")
+        repo.record_event(session=session, function="other", action="scale_up", reason="elsewhere")
+        newest = repo.list_events(session=session, function="fn", limit=2)
+        older = repo.list_events(session=session, function="fn", limit=2, before=newest[0].id)
+        oldest = repo.list_events(session=session, function="fn", limit=2, before=older[0].id)
+    assert [[e.reason for e in page] for page in (newest, older, oldest)] == [["r3", "r4"], ["r1", "r2"], ["r0"]]
