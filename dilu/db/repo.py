@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import and_, delete, or_, select, true, update
+from sqlalchemy import and_, delete, func, or_, select, true, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -142,14 +143,34 @@ def list_functions(*, session: Session) -> list[FunctionRow]:
     return list(session.scalars(select(FunctionRow).order_by(FunctionRow.name)))
 
 
-def functions_page(*, session: Session, after: str | None, limit: int | None) -> list[FunctionRow]:
+def functions_page(*, session: Session, after: str | None, limit: int | None,
+                   containing: str = "") -> list[FunctionRow]:
     """Up to ``limit`` functions (None: all) by name, those after ``after`` (keyset paging: a
     function that exists from the first page to the last is listed exactly once, whatever is
-    added or deleted)."""
-    query = select(FunctionRow).order_by(FunctionRow.name).limit(limit)
+    added or deleted), and with ``containing`` only those whose name holds it."""
+    query = _named_like(select(FunctionRow), containing).order_by(FunctionRow.name).limit(limit)
     if after is not None:
         query = query.where(FunctionRow.name > after)
     return list(session.scalars(query))
+
+
+def count_functions(*, session: Session, containing: str = "") -> int:
+    """How many functions there are (whose name holds ``containing``)."""
+    return session.scalar(_named_like(select(func.count()).select_from(FunctionRow), containing)) or 0
+
+
+def unsettled_functions(*, session: Session, limit: int, containing: str = "") -> list[FunctionRow]:
+    """Up to ``limit`` functions not ready (deploying, profiling, failed), by name."""
+    query = _named_like(select(FunctionRow), containing).where(FunctionRow.status != "ready")
+    return list(session.scalars(query.order_by(FunctionRow.name).limit(limit)))
+
+
+def _named_like(query: Any, containing: str) -> Any:
+    if not containing:
+        return query
+    if not containing.replace("-", "").isalnum():   # a name's own characters: nothing LIKE reads as a wildcard
+        raise ValueError(f"cannot match function names on {containing!r}")
+    return query.where(FunctionRow.name.contains(containing))
 
 
 MAX_NAMES_IN_QUERY = 500

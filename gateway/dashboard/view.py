@@ -90,6 +90,22 @@ def request_rate(per_second: dict[int, int], now: float, window_s: int = RATE_WI
     return round(sum(per_second.get(second, 0) for second in range(end - window_s, end)) / window_s, 3)
 
 
+def is_live(activity: Any, now: float) -> bool:
+    """Whether a function's activity (a FunctionActivity, or None) shows requests now or lately."""
+    return activity is not None and bool(activity.in_flight or activity.queued or request_rate(activity.requests, now))
+
+
+def shown_functions(candidates: list, live: set[str], limit: int) -> list:
+    """The functions the page lists, at most ``limit`` of ``candidates`` (rows, any order, each
+    once): those with instances or requests first, then those not ready (deploying, profiling,
+    failed), then the rest, each group by name. With thousands deployed the page stays small and
+    what needs attention stays on it."""
+    def rank(row: Any) -> tuple[int, str]:
+        return (0 if row.name in live else 1 if row.status != "ready" else 2), row.name
+
+    return sorted(candidates, key=rank)[:limit]
+
+
 def _profile(row: Any) -> dict[str, Any] | None:
     if row is None:
         return None
@@ -100,10 +116,12 @@ def _profile(row: Any) -> dict[str, Any] | None:
 
 def build(*, now: float, gateway: str, workers: list, functions: list, instances: list, profiles: dict,
           events: list, activity: dict, telemetry: dict, latency: LatencyWindow, history: ShareHistory,
-          streams: Callable[[str, float], dict[str, float] | None] | None = None) -> dict:
+          streams: Callable[[str, float], dict[str, float] | None] | None = None,
+          functions_total: int | None = None) -> dict:
     """The dashboard's one document: functions, devices (with their share history) and events.
 
-    ``workers``, ``functions``, ``instances``, ``events``: database rows; ``profiles``: function
+    ``workers``, ``functions``, ``instances``, ``events``: database rows (``functions``: those
+    shown, of ``functions_total``); ``profiles``: function
     name -> profile row of its current version; ``activity``: name -> FunctionActivity;
     ``telemetry``: instance id -> the token manager's view (GPU instances only); ``streams``:
     a function's recent stream timings (time to first chunk, between chunks), None before any.
@@ -141,6 +159,7 @@ def build(*, now: float, gateway: str, workers: list, functions: list, instances
         })
     return {
         "at": now, "gateway": gateway, "functions": function_docs, "devices": device_docs,
+        "functions_total": len(function_docs) if functions_total is None else functions_total,
         "events": [{"at": e.at.isoformat(), "function": e.function, "action": e.action, "reason": e.reason,
                     "instance": e.instance_id} for e in reversed(events)],
         "instances": len([i for i in serving if i.state in ("starting", "ready")]),

@@ -8,14 +8,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import Response
 
 from dilu.db import repo
 from dilu.db.models import FunctionRow, InstanceRow, ProfileRow, ScalingEventRow, WorkerRow
-from gateway.dashboard.view import build
+from gateway.dashboard.view import build, is_live, shown_functions
 from gateway.deps import ServicesDep
 from gateway.docs import AUTH_ERRORS, SECURED, errors
+from gateway.paging import MAX_PAGE
 
 STATIC = Path(__file__).resolve().parent.parent / "dashboard" / "static"
 ASSETS = {"dashboard.js": "text/javascript; charset=utf-8", "dashboard.css": "text/css; charset=utf-8"}
@@ -23,6 +24,8 @@ ASSETS = {"dashboard.js": "text/javascript; charset=utf-8", "dashboard.css": "te
 # data holds (logs, errors) can never run as script there.
 PAGE_HEADERS = {"content-security-policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'",
                 "x-frame-options": "DENY", "x-content-type-options": "nosniff", "cache-control": "no-cache"}
+
+DEFAULT_SHOWN = 100   # functions the page lists unless it asks for more
 
 router = APIRouter(tags=["dashboard"])
 
@@ -47,27 +50,43 @@ def asset(asset: str) -> Response:
 
 
 @router.get("/v1/dashboard", dependencies=SECURED, responses={
-    200: {"description": "Functions (status, instances, request rate, p99, profile), devices (instances, "
-                         "memory slices, granted and used compute shares now and over time) and recent "
-                         "scaling decisions", "content": {"application/json": {"schema": {"type": "object"}}}},
-    **AUTH_ERRORS})
-async def dashboard(services: ServicesDep) -> dict[str, Any]:
-    def read() -> tuple[list[WorkerRow], list[FunctionRow], list[InstanceRow], dict[str, ProfileRow | None],
-                        list[ScalingEventRow]]:
-        with services.sessions() as session:
-            functions = repo.list_functions(session=session)
-            current = repo.details_of(session=session, functions=functions).profiles   # one query, not one each
-            profiles = {f.name: current.get((f.name, f.version)) for f in functions}
-            return (repo.list_workers(session=session), functions,
-                    repo.list_instances(session=session, active_only=True), profiles,
-                    repo.list_events(session=session, limit=30))
-
-    workers, functions, instances, profiles, events = await asyncio.to_thread(read)
+    200: {"description": "Functions (status, instances, request rate, p99, profile; at most ``limit``: those with "
+                         "instances or requests first, then those not ready, then the rest by name, of "
+                         "``functions_total``), devices (instances, memory slices, granted and used compute "
+                         "shares now and over time) and recent scaling decisions",
+          "content": {"application/json": {"schema": {"type": "object"}}}},
+    **AUTH_ERRORS, **errors(422)})
+async def dashboard(services: ServicesDep,
+                    limit: int = Query(DEFAULT_SHOWN, ge=1, le=MAX_PAGE, description="Functions listed at most"),
+                    match: str = Query("", max_length=63, pattern=r"^[a-z0-9-]*$",
+                                       description="Only functions whose name holds this")) -> dict[str, Any]:
     try:   # counters and telemetry are best effort: the rest comes from the database
         activity = await services.store.function_activity()
         telemetry = await services.store.telemetry()
     except Exception:  # noqa: BLE001 - the store is down: the page shows the database alone
         activity, telemetry = {}, {}
-    return build(now=time.time(), gateway=services.gateway_id, workers=workers, functions=functions,
+    now = time.time()
+
+    def read() -> tuple[list[WorkerRow], list[FunctionRow], int, list[InstanceRow], dict[str, ProfileRow | None],
+                        list[ScalingEventRow]]:
+        # Sized by what is shown, not by the catalogue: the busy functions, the first unsettled
+        # ones and the first by name, each read with a limit.
+        with services.sessions() as session:
+            instances = repo.list_instances(session=session, active_only=True)
+            live = {i.function for i in instances} | {name for name, seen in activity.items() if is_live(seen, now)}
+            candidates = {row.name: row for row in [
+                *repo.functions_named(session=session, names={n for n in live if match in n}),
+                *repo.unsettled_functions(session=session, limit=limit, containing=match),
+                *repo.functions_page(session=session, after=None, limit=limit, containing=match)]}
+            functions = shown_functions(list(candidates.values()), live, limit)
+            current = repo.details_of(session=session, functions=functions).profiles   # one query, not one each
+            profiles = {f.name: current.get((f.name, f.version)) for f in functions}
+            return (repo.list_workers(session=session), functions,
+                    repo.count_functions(session=session, containing=match), instances, profiles,
+                    repo.list_events(session=session, limit=30))
+
+    workers, functions, total, instances, profiles, events = await asyncio.to_thread(read)
+    return build(now=now, gateway=services.gateway_id, workers=workers, functions=functions,
                  instances=instances, profiles=profiles, events=events, activity=activity, telemetry=telemetry,
-                 latency=services.latency, history=services.shares, streams=services.stream_times.summary)
+                 latency=services.latency, history=services.shares, streams=services.stream_times.summary,
+                 functions_total=total)

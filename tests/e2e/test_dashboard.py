@@ -1,6 +1,7 @@
 """The dashboard in headless Chromium (Debian's chromium and chromium-driver, driven by Selenium):
 it asks for a key, then shows functions, the simulated GPU with its instances' granted and used
-shares over time, memory slices, scaling decisions and logs, and follows changes live."""
+shares over time, memory slices, scaling decisions and logs, and follows changes live; with many
+functions it lists the busy ones first and filters by name."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
+from dilu.db import repo
+from dilu.db.engine import make_engine, make_session_factory, migrate
+from dilu.spec import spec_from_dict, spec_to_dict
 from tests.conftest import FIXTURE_FUNCTIONS, ROOT
 from tests.shim_harness import build_shim
 
@@ -133,3 +137,45 @@ def test_dashboard_shows_the_platform_live(start_platform, browser, tmp_path: Pa
     assert _coloured_pixels(shot, TRAINING_COLOUR) > 300
     if os.environ.get("DILU_SCREENSHOT_TO"):   # `DILU_SCREENSHOT_TO=docs/dashboard.png pytest ...`
         shutil.copy(shot, os.environ["DILU_SCREENSHOT_TO"])
+
+
+def test_with_many_functions_the_page_lists_the_busy_ones_first_and_filters_by_name(
+        start_platform, browser, tmp_path: Path) -> None:
+    """150 idle functions (rows of a catalogue the platform starts with) and one called: the page
+    lists 100, the called one first, says how many there are, and a filter finds the others."""
+    home = tmp_path / "home"      # where start_platform keeps its state
+    home.mkdir()
+    migrate(f"sqlite:///{home / 'dilu.db'}")
+    engine = make_engine(f"sqlite:///{home / 'dilu.db'}")
+    echo = ROOT / "examples" / "echo"
+    with make_session_factory(engine)() as session:
+        idle = {"handler": "handler:Echo", "resources": {"memory": "64Mi", "gpu": False, "sm_request": 0.05,
+                                                         "sm_limit": 0.05}}
+        for index in range(150):
+            repo.upsert_function(session=session, spec=spec_to_dict(spec_from_dict({"name": f"idle-{index:03d}",
+                                                                                     **idle})),
+                                 source_dir=str(echo))
+            repo.set_function_status(session=session, name=f"idle-{index:03d}", version=1, status="ready")
+    engine.dispose()
+    platform = start_platform()
+    assert platform.deploy_file(echo / "model.yaml", (echo / "model.yaml").read_text().replace(
+        "name: echo", "name: zz-called")).status_code == 201
+    assert platform.invoke("zz-called", {"x": 1}).status_code == 200
+    listed = platform.http.get("/v1/dashboard", params={"limit": 3}).json()
+    assert [f["name"] for f in listed["functions"]] == ["zz-called", "idle-000", "idle-001"]
+    assert listed["functions_total"] == 151
+
+    browser.get(f"{platform.url}/dashboard")
+    _wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#functions tr[data-function]")) == 100,
+          "the first 100 functions")
+    rows = browser.find_elements(By.CSS_SELECTOR, "#functions tr[data-function]")
+    assert rows[0].get_attribute("data-function") == "zz-called"
+    assert "showing 100 of 151" in browser.find_element(By.ID, "functions-shown").text
+    assert "151 functions" in browser.find_element(By.ID, "summary").text
+    browser.find_element(By.ID, "function-filter").send_keys("IDLE-14")     # typed as a user might
+    _wait(browser, lambda d: [r.get_attribute("data-function") for r in d.find_elements(
+        By.CSS_SELECTOR, "#functions tr[data-function]")] == [f"idle-14{digit}" for digit in range(10)],
+          "the ten functions whose name holds idle-14")
+    assert 'holds "idle-14"' in browser.find_element(By.ID, "functions-shown").text
+    for bad in ({"match": "%"}, {"match": "a_b"}, {"limit": 0}, {"limit": 5000}):
+        assert platform.http.get("/v1/dashboard", params=bad).status_code == 422, bad

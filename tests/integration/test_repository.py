@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
 from dilu.db import repo
 from dilu.db.models import InstanceRow, utcnow
 from tests.builders import make_spec_dict, make_worker
@@ -168,3 +170,18 @@ def test_event_pages_go_back_in_time_each_oldest_first(sessions) -> None:
         older = repo.list_events(session=session, function="fn", limit=2, before=newest[0].id)
         oldest = repo.list_events(session=session, function="fn", limit=2, before=older[0].id)
     assert [[e.reason for e in page] for page in (newest, older, oldest)] == [["r3", "r4"], ["r1", "r2"], ["r0"]]
+
+
+def test_functions_match_on_part_of_their_name_and_the_unsettled_are_found(sessions) -> None:
+    with sessions() as session:
+        for name in ("img-resize", "img-crop", "text-sum", "video-img"):
+            repo.upsert_function(session=session, spec=make_spec_dict(name), source_dir="/a")
+        for name in ("img-resize", "text-sum"):
+            repo.set_function_status(session=session, name=name, version=1, status="ready")
+        assert repo.count_functions(session=session) == 4
+        assert repo.count_functions(session=session, containing="img") == 3
+        assert [r.name for r in repo.functions_page(session=session, after=None, limit=2, containing="img")] == [
+            "img-crop", "img-resize"]
+        assert [r.name for r in repo.unsettled_functions(session=session, limit=5)] == ["img-crop", "video-img"]
+        with pytest.raises(ValueError):
+            repo.count_functions(session=session, containing="%")

@@ -8,7 +8,15 @@ from types import SimpleNamespace as Row
 import pytest
 
 from dilu.messages import FunctionActivity
-from gateway.dashboard.view import LatencyWindow, ShareHistory, build, request_rate, sample
+from gateway.dashboard.view import (
+    LatencyWindow,
+    ShareHistory,
+    build,
+    is_live,
+    request_rate,
+    sample,
+    shown_functions,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -58,3 +66,17 @@ def test_history_aligns_instances_that_come_and_go() -> None:
     device = document["devices"][0]
     assert [(i["id"], i["granted"], i["used"]) for i in device["instances"]] == [("a", 0.3, 0.25), ("b", None, None)]
     assert document["events"][0]["reason"] == "why" and document["instances"] == 2
+
+
+def test_the_shown_functions_put_the_busy_then_the_unsettled_first_within_the_limit() -> None:
+    rows = [Row(name=name, status=status) for name, status in
+            [("a", "ready"), ("b", "failed"), ("c", "ready"), ("d", "deploying"), ("e", "ready")]]
+    assert [r.name for r in shown_functions(rows, live={"e"}, limit=4)] == ["e", "b", "d", "a"]
+    assert [r.name for r in shown_functions(rows, live=set(), limit=2)] == ["b", "d"]
+
+
+def test_a_function_is_live_with_requests_in_flight_queued_or_lately() -> None:
+    assert not is_live(None, now=100.0)
+    assert not is_live(FunctionActivity(requests={50: 3}), now=100.0)     # long ago
+    assert is_live(FunctionActivity(requests={95: 3}), now=100.0)
+    assert is_live(FunctionActivity(queued=1), now=100.0) and is_live(FunctionActivity(in_flight=2), now=100.0)

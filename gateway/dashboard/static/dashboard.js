@@ -175,9 +175,23 @@ async function refreshLogs() {
     .join("\n") || "no instances yet";
 }
 
+// A function name's own characters only (the API refuses others): what is typed is a name's part.
+function filterText() {
+  return document.getElementById("function-filter").value.toLowerCase().replace(/[^a-z0-9-]/g, "").slice(0, 63);
+}
+
+function renderShown(shown, total, filter) {
+  const what = filter ? `functions whose name holds "${filter}"` : "functions";
+  document.getElementById("functions-shown").textContent = shown < total
+    ? `showing ${shown} of ${total} ${what}: those with instances or requests first, then those not ready; `
+      + "filter by name to find the others"
+    : `${total} ${what}`;
+}
+
 async function poll() {
   try {
-    const reply = await api("/v1/dashboard");
+    const filter = filterText();
+    const reply = await api("/v1/dashboard" + (filter ? `?match=${encodeURIComponent(filter)}` : ""));
     if (reply.status === 401 || reply.status === 403) {
       document.getElementById("key-form").hidden = false;
       document.getElementById("key-error").textContent = reply.body ? reply.body.error : "";
@@ -188,9 +202,10 @@ async function poll() {
     const data = reply.body;
     document.getElementById("key-form").hidden = true;
     document.getElementById("summary").textContent =
-      `${data.devices.length} devices · ${data.functions.length} functions · ${data.instances} instances`;
+      `${data.devices.length} devices · ${filter ? "" : data.functions_total + " functions · "}${data.instances} instances`;
     document.getElementById("updated").textContent = "updated " + new Date(data.at * 1000).toLocaleTimeString();
     renderFunctions(data.functions);
+    renderShown(data.functions.length, data.functions_total, filter);
     renderDevices(data.devices);
     renderEvents(data.events);
     if (Date.now() - lastLogsAt > LOG_POLL_MS) {
