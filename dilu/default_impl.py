@@ -22,6 +22,15 @@ def create_store(settings: CommonSettings) -> StateStore:
     return MemoryStore()
 
 
+def store_for_another_loop(settings: CommonSettings, store: StateStore) -> StateStore:
+    """The state store for code on another event loop of this process: the in-process store
+    itself (it is shared, and safe across threads), or a Redis client of its own (a client's
+    connections belong to the loop that opened them)."""
+    if settings.redis_url:
+        return create_store(settings)
+    return store
+
+
 def create_scheduler(name: str = "dilu") -> Scheduler:
     """The placement pipeline for a policy: dilu, exclusive, static-limits or request-only."""
     return create_policy_scheduler(name)

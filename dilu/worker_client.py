@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
 
 import httpx
 
@@ -10,6 +12,7 @@ from dilu.failures import describe
 from dilu.messages import InstanceStatus, StartInstance
 from dilu.slices import ComputeSlice
 
+T = TypeVar("T")
 # Calls a healthy worker answers in milliseconds (lists, slices): a hung one must not hold callers.
 QUICK_CALL_S = 2.0
 
@@ -39,28 +42,43 @@ class WorkerClient(Protocol):
 
 
 class InProcessWorkerClient:
-    """For `dilu up`: calls the agent directly."""
+    """For `dilu up`: calls the agent directly, on the event loop the agent runs on (``loop``;
+    None: the caller's own). The gateway's loop reaches an agent on the control thread's loop
+    this way, and a caller that is cancelled cancels the call there."""
 
-    def __init__(self, agent: WorkerClient) -> None:  # a WorkerAgent: it answers as a client does
-        self._agent = agent
+    def __init__(self, agent: WorkerClient, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self._agent = agent   # a WorkerAgent: it answers as a client does
+        self._loop = loop
+
+    async def _on_agent_loop(self, call: Callable[[], Awaitable[T]]) -> T:
+        if self._loop is None or self._loop is asyncio.get_running_loop():
+            return await call()
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(_awaited(call), self._loop))
 
     async def start_instance(self, request: StartInstance) -> InstanceStatus:
-        return await self._agent.start_instance(request)
+        return await self._on_agent_loop(lambda: self._agent.start_instance(request))
 
     async def stop_instance(self, instance_id: str) -> None:
-        await self._agent.stop_instance(instance_id)
+        await self._on_agent_loop(lambda: self._agent.stop_instance(instance_id))
 
     async def list_instances(self) -> list[InstanceStatus]:
-        return await self._agent.list_instances()
+        return await self._on_agent_loop(self._agent.list_instances)
 
     async def read_logs(self, instance_id: str, tail: int = 200) -> str:
-        return await self._agent.read_logs(instance_id, tail)
+        return await self._on_agent_loop(lambda: self._agent.read_logs(instance_id, tail))
 
     async def set_slice(self, instance_id: str, compute: ComputeSlice) -> bool:
-        return await self._agent.set_slice(instance_id, compute)
+        return await self._on_agent_loop(lambda: self._agent.set_slice(instance_id, compute))
 
     async def info(self) -> dict:
-        return self._agent.describe()
+        async def describe_agent() -> dict:
+            return self._agent.describe()   # a WorkerAgent's own view
+
+        return await self._on_agent_loop(describe_agent)
+
+
+async def _awaited(call: Callable[[], Awaitable[T]]) -> T:
+    return await call()
 
 
 class HttpWorkerClient:
