@@ -48,6 +48,7 @@ class FunctionManager:
             KeepAliveParams(min_samples=settings.keepalive_min_samples, min_unload_s=settings.keepalive_min_unload_s,
                             request_worth_gb_s=settings.keepalive_request_worth_gb_s))
         self._memory: dict[str, _FunctionMemory] = {}
+        self.recheck_at: dict[str, float] = {}   # function -> when its last decision asked to be made again
         self.profiling = ProfilingJobs(ctx, actuator, settings)
 
     async def reconcile(self, function: FunctionRow, rows: list[InstanceRow], profile: ProfileRow | None,
@@ -74,6 +75,10 @@ class FunctionManager:
         chosen = effective_slice(function.typed_spec, profile)
         await self.actuator.resize(function, current, chosen, live)
         decision = self._decide(function, rows, current, profile, activity, telemetry, memory)
+        if decision.recheck_in_s is None:
+            self.recheck_at.pop(function.name, None)
+        else:
+            self.recheck_at[function.name] = time.time() + decision.recheck_in_s
         if decision.desired > len(current):
             for _ in range(decision.desired - len(current)):
                 if await self.actuator.start(function, chosen, live, decision.reason, in_background=True) is None:
@@ -120,6 +125,8 @@ class FunctionManager:
         names = {name for name, _ in current}
         for name in [n for n in self._memory if n not in names]:
             del self._memory[name]
+        for name in [n for n in self.recheck_at if n not in names]:
+            del self.recheck_at[name]
         self.profiling.cancel_except(current)
 
 

@@ -249,8 +249,9 @@ class Reconciler:
             counts[row.function] = counts.get(row.function, 0) + 1
         now = time.time()
         # Only candidates are weighed (sized by the work, not the catalogue): functions read
-        # again or never visited, and those with instances or activity.
-        candidates = self._attention | set(counts) | set(activity)
+        # again or never visited, those with instances or activity, and those whose timer is due.
+        recheck_at = self.functions.recheck_at
+        candidates = self._attention | set(counts) | set(activity) | {n for n, at in recheck_at.items() if at <= now}
         due = []
         for name in sorted(candidates):
             f = snapshot.by_name.get(name)
@@ -259,7 +260,7 @@ class Reconciler:
                 continue
             minimum = int((f.spec.get("scaling") or {}).get("min_instances", 0))
             if needs_visit(FunctionFacts(f.name, f.version, f.status, minimum, counts.get(name, 0)),
-                           activity.get(name), self._last_seen.get(name), now):
+                           activity.get(name), self._last_seen.get(name), now, recheck_at.get(name)):
                 due.append(f)
             if f.status in SETTLED_STATUSES and minimum == 0:
                 self._attention.discard(name)   # visited now if it needed it; its next change re-adds it

@@ -11,7 +11,7 @@ own count (``by_rate``) instead of the lazy scaler's. Pure: the clock is ``input
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from dilu.messages import FunctionStatus
 from dilu.policy import horizontal, keepalive
@@ -79,4 +79,7 @@ def plan(inputs: ScalingInputs, state: ScalingState, params: ScalingParams = Sca
         current=inputs.current, starting=inputs.starting, in_flight=inputs.in_flight, queued=inputs.queued,
         concurrency_per_instance=inputs.concurrency_per_instance, lazy_desired=lazy, lazy_reason=reason,
         keep=keep.verdict, keep_reason=keep.reason, expected=inputs.expected, release_idle=inputs.release_idle))
+    if keep.prewarm_at_idle_s is not None and math.isfinite(inputs.idle_s):
+        # Nothing else may bring the function up for a decision before its pre-warm is due.
+        decision = replace(decision, recheck_in_s=max(0.0, keep.prewarm_at_idle_s - inputs.idle_s))
     return decision, ScalingState(horizontal_state, state.keepalive)

@@ -60,6 +60,7 @@ class KeepAliveDecision:
     verdict: Verdict
     mode: str           # "histogram" | "fixed"
     reason: str
+    prewarm_at_idle_s: float | None = None   # unloaded now, warmed again at this much idle time
 
 
 def observe(state: KeepAliveState, request_at: float, params: KeepAliveParams = KeepAliveParams(),
@@ -119,7 +120,8 @@ def decide(state: KeepAliveState, idle_s: float, *, fixed_keep_alive_s: float, c
                                                             f"saves less than a {risk:.0%} risk of a cold start "
                                                             f"delaying {delayed:.0f} requests is worth")
     return KeepAliveDecision(Verdict.UNLOAD, "histogram", f"next request not due for {head - idle_s:.1f}s; "
-                                                          f"pre-warm at {head - lead:.1f}s idle")
+                                                          f"pre-warm at {head - lead:.1f}s idle",
+                             prewarm_at_idle_s=head - lead)
 
 
 def _fixed(idle_s: float, keep_alive_s: float, why: str) -> KeepAliveDecision:

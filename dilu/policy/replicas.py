@@ -36,6 +36,7 @@ class ReplicaContext:
 class ReplicaDecision:
     desired: int
     reason: str
+    recheck_in_s: float | None = None   # decide again by then even if nothing happens (a pre-warm due)
 
 
 def desired_instances(ctx: ReplicaContext) -> ReplicaDecision:

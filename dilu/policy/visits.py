@@ -2,7 +2,8 @@
 
 A function is visited when something may be decided for it: it changed (a deploy, a status),
 it has instances (their keep-alive, scaling and rollout), it must hold instances it lacks
-(``min_instances``), it is being deployed or profiled, or the gateways report demand for it.
+(``min_instances``), it is being deployed or profiled, the gateways report demand for it, or its
+last decision set a time to decide again (keep-alive's pre-warm of a function it unloaded).
 A function with none of these (scaled to zero, no traffic, nothing pending) would be decided
 to stay as it is, so it is left alone until the next full resync, the safety net against a
 missed event.
@@ -30,10 +31,13 @@ class FunctionFacts:
 
 
 def needs_visit(facts: FunctionFacts, activity: FunctionActivity | None, last_seen: tuple[int, str] | None,
-                now: float) -> bool:
+                now: float, recheck_at: float | None = None) -> bool:
     """Whether the pass reconciles this function; ``last_seen``: its (version, status) when it
-    was last reconciled (None: never)."""
+    was last reconciled (None: never); ``recheck_at``: when its last decision asked to be made
+    again (a pre-warm due), if it did."""
     if last_seen != (facts.version, facts.status) or facts.status not in SETTLED_STATUSES:
+        return True
+    if recheck_at is not None and recheck_at <= now:
         return True
     if facts.instances > 0 or facts.min_instances > 0:
         return True

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 import httpx
 import pytest
@@ -65,6 +66,12 @@ async def test_an_idle_function_waits_for_the_resync_and_demand_is_reconciled_at
             with sessions() as session:
                 started = repo.list_instances(session=session, function="idle-07", active_only=True)
             assert len(started) == 1
+            # A timer (keep-alive's pre-warm of a function it unloaded) brings its function up
+            # when it is due, not before, though nothing else happens to it.
+            reconciler.functions.recheck_at.update({"idle-05": time.time() + 3600, "idle-06": time.time() - 0.1})
+            await reconciler.reconcile_once()
+            assert reconciler.visits["idle-05"] == 1 and reconciler.visits["idle-06"] == 2
+            assert "idle-06" not in reconciler.functions.recheck_at      # decided again: nothing more due
         finally:
             await reconciler.shutdown()
 

@@ -59,3 +59,17 @@ def test_a_deploying_function_is_verified_with_one_instance() -> None:
     decision, _ = plan(ScalingInputs(now=1.0, current=0, max_instances=4, status=FunctionStatus.DEPLOYING),
                        ScalingState(), PARAMS)
     assert decision.desired == 1
+
+
+def test_an_unloaded_function_asks_to_be_decided_again_when_its_pre_warm_is_due() -> None:
+    """Bursts every 40 s: unloaded at 5 s idle, it is to be decided again before the next burst,
+    whatever else happens (nothing may bring it up for a decision before then)."""
+    state = ScalingState()
+    for start in range(0, 200, 40):
+        for second in range(start, start + 3):
+            state = observe_second(state, float(second), 1, PARAMS)
+    unloaded, state = plan(ScalingInputs(now=205.0, current=1, idle_s=5.0, cold_start_s=1.0), state, PARAMS)
+    assert unloaded.desired == 0 and unloaded.recheck_in_s is not None and 20 < unloaded.recheck_in_s < 40
+    due, _ = plan(ScalingInputs(now=205.0 + unloaded.recheck_in_s + 0.01, current=0,
+                                idle_s=5.0 + unloaded.recheck_in_s + 0.01, cold_start_s=1.0), state, PARAMS)
+    assert due.desired == 1 and due.reason.startswith("pre-warm")

@@ -105,3 +105,14 @@ def test_a_burst_replayed_sees_at_most_one_unload_per_pause() -> None:
             warm = True
     assert cold_hits == 0, "every burst found an instance pre-warmed"
     assert unloads == 5, "one unload per pause"
+
+
+def test_an_unload_from_the_histogram_says_when_its_pre_warm_is_due() -> None:
+    unload = decide(history(BURSTY), 2.5, fixed_keep_alive_s=60.0, cold_start_s=1, params=P)
+    assert unload.verdict == Verdict.UNLOAD and unload.prewarm_at_idle_s is not None
+    assert f"pre-warm at {unload.prewarm_at_idle_s:.1f}s idle" in unload.reason
+    warm = decide(history(BURSTY), unload.prewarm_at_idle_s + 0.01, fixed_keep_alive_s=60.0, cold_start_s=1,
+                  params=P)
+    assert warm.verdict == Verdict.WARM                       # due then, as it said
+    fixed = decide(history([10, 10]), 60, fixed_keep_alive_s=60.0, cold_start_s=1, params=P)
+    assert fixed.verdict == Verdict.UNLOAD and fixed.prewarm_at_idle_s is None   # the fixed window pre-warms nothing

@@ -30,3 +30,8 @@ def test_an_idle_settled_function_is_left_alone() -> None:
 ])
 def test_a_function_where_something_may_be_decided_is_visited(facts, activity, seen) -> None:
     assert needs_visit(facts, activity, seen, now=1000.0)
+
+
+def test_a_function_whose_pre_warm_is_due_is_visited_though_nothing_happened() -> None:
+    assert needs_visit(IDLE, None, (2, "ready"), now=1000.0, recheck_at=999.5)
+    assert not needs_visit(IDLE, None, (2, "ready"), now=1000.0, recheck_at=1000.5)    # not yet
