@@ -6,7 +6,7 @@ traffic: rows written into its database before it starts, as a restarted platfor
 catalogue, without a start each to prove they load) and one busy function (one instance,
 deployed through the API). Then, one after another:
 
-- CPU over --idle-s seconds with nothing to do, in ms per second: the controller's (on `dilu up`
+- CPU over --idle-s seconds with nothing to do (every function idle for 12 s), in ms per second: the controller's (on `dilu up`
   its thread and that thread's own helpers, where it runs beside the workers; on separate roles
   its process), and all of the platform's (the `dilu up` process, or the three roles together);
 - a page of the function list: `GET /v1/functions?limit=100`, p50 of 10;
@@ -211,7 +211,9 @@ def measure(deployment: Deployment, args: argparse.Namespace) -> dict[str, float
     wait_ready(http, "busy")
     for _ in range(20):
         invoke(http, "busy")
-    time.sleep(3)   # the deploy's own passes settle
+    # All idle: the deploy's own passes settle and the busy function's requests are older than
+    # the 10 s the controller still follows as traffic (dilu/policy/visits.py).
+    time.sleep(12)
     controller, platform = deployment.controller_cpu(), deployment.platform_cpu()
     time.sleep(args.idle_s)
     row = {"controller_cpu": (deployment.controller_cpu() - controller) * 1000 / args.idle_s,

@@ -121,6 +121,9 @@ class ControllerSettings(CommonSettings):
     """The control loops."""
 
     reconcile_interval_s: float = Field(0.5, gt=0)
+    quiet_interval_s: float = Field(2.0, gt=0, description="The pass interval while nothing happens (no requests "
+                                                           "lately, nothing starting, stopping or deploying); "
+                                                           "events still wake the controller at once")
     resync_interval_s: float = Field(300.0, gt=0, description="Every function is reconciled at least this often; "
                                                              "between resyncs only those where something may be "
                                                              "decided (dilu/policy/visits.py)")

@@ -32,6 +32,7 @@ class ControllerContext:
         self.worker_urls: dict[str, str | None] = {}   # the live workers' addresses, as the last pass read them
         self.background: set[asyncio.Task] = set()
         self.changed: set[str] = set()   # functions whose status this controller changed since its last read
+        self.actions = 0   # events recorded and statuses set: a pass that adds none acted on nothing
 
     async def route(self, function: str, instance_id: str, endpoint: Endpoint | None) -> None:
         """Adds one instance's endpoint to its function's published routes (``endpoint``), or
@@ -56,10 +57,12 @@ class ControllerContext:
         to the gateways."""
         await self.db(repo.set_function_status, name=name, version=version, status=status.value, error=error)
         self.changed.add(name)
+        self.actions += 1
         await self.store.publish(Channel.FUNCTIONS, {"function": name})
 
     async def event(self, function: str, action: str, reason: str, instance_id: str | None = None) -> None:
         log.info("%s %s: %s", function, action, reason)
+        self.actions += 1
         await self.db(repo.record_event, function=function, action=action, reason=reason, instance_id=instance_id)
 
     def spawn(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task:

@@ -39,7 +39,7 @@ from dilu.messages import (
     WorkerInfo,
 )
 from dilu.policy.scheduler import Scheduler
-from dilu.policy.visits import SETTLED_STATUSES, FunctionFacts, needs_visit
+from dilu.policy.visits import SETTLED_STATUSES, FunctionFacts, needs_visit, pass_interval_s, quiet
 from dilu.state.base import Channel, StateStore, follow
 from dilu.worker_client import QUICK_CALL_S, WorkerDirectory, WorkerUnavailable
 
@@ -113,6 +113,7 @@ class Reconciler:
         self._attention: set[str] = set()   # functions read again (or never visited) since their last visit
         self._forgotten_for: dict[str, FunctionRow] | None = None   # the catalogue forget_except last saw
         self.visits: dict[str, int] = {}                           # reconciles per function (observability, tests)
+        self.quiet = False   # the last pass saw nothing happen: the next may wait the quiet interval
 
     # ---- the loop ----
     async def run(self) -> None:
@@ -129,9 +130,13 @@ class Reconciler:
                 except Exception as exc:  # noqa: BLE001 - the next pass tries again
                     self._pass_failures.failed(exc)
                 log.debug("reconcile pass took %.1f ms", (time.perf_counter() - started) * 1000)
+                now = time.time()
+                sleep = pass_interval_s(quiet_now=self.quiet, interval_s=self.settings.reconcile_interval_s,
+                                        quiet_interval_s=self.settings.quiet_interval_s,
+                                        next_timer_in_s=min((at - now for at in self.functions.recheck_at.values()),
+                                                            default=None))
                 try:
-                    await asyncio.wait_for(self.ctx.wake.wait(), wake_in_s(self._activity, time.time(),
-                                                                           self.settings.reconcile_interval_s))
+                    await asyncio.wait_for(self.ctx.wake.wait(), wake_in_s(self._activity, now, sleep))
                 except TimeoutError:
                     pass
         finally:
@@ -178,6 +183,7 @@ class Reconciler:
 
     async def reconcile_once(self) -> None:
         now = utcnow()
+        self.quiet, acted_before = False, self.ctx.actions
         resync = time.monotonic() - self._resynced_at >= self.settings.resync_interval_s
         if resync:
             self._resynced_at = time.monotonic()
@@ -233,7 +239,12 @@ class Reconciler:
             except Exception:
                 log.exception("reconciling %s failed", function.name)
         async with self.ctx.routes_lock:
-            await self._publish_routes(await self._snapshot())
+            snapshot = await self._snapshot()
+            await self._publish_routes(snapshot)
+        settling = bool(self.ctx.background) or any(row.state != READY for row in snapshot.instances) or any(
+            f.status not in SETTLED_STATUSES for f in due)
+        self.quiet = quiet(activity, time.time(), acted=self.ctx.actions != acted_before or lost != [],
+                            settling=settling)
         if time.monotonic() - self._pruned_at >= PRUNE_EVERY_S:    # it reads every ended row
             await self.ctx.db(repo.prune_instances, keep_ended=KEEP_ENDED_INSTANCES)
             self._pruned_at = time.monotonic()

@@ -7,6 +7,9 @@ last decision set a time to decide again (keep-alive's pre-warm of a function it
 A function with none of these (scaled to zero, no traffic, nothing pending) would be decided
 to stay as it is, so it is left alone until the next full resync, the safety net against a
 missed event.
+
+How often the pass runs: at its interval while anything happens, and at the longer quiet
+interval while nothing does (``quiet``), as long as no timer falls due sooner.
 """
 
 from __future__ import annotations
@@ -45,3 +48,26 @@ def needs_visit(facts: FunctionFacts, activity: FunctionActivity | None, last_se
         return False
     recent = any(count and second >= now - RECENT_REQUESTS_S for second, count in activity.requests.items())
     return recent or activity.in_flight > 0 or activity.queued > 0 or activity.workflow.expected(now)
+
+
+def quiet(activity: dict[str, FunctionActivity], now: float, *, acted: bool, settling: bool) -> bool:
+    """Whether nothing happens that a pass at the short interval would follow: the pass acted on
+    nothing (``acted``: no start, stop, resize, status or instance change recorded), nothing is
+    starting, stopping, deploying or running in the background (``settling``), and no function
+    has requests now or lately, or a workflow request expecting it."""
+    if acted or settling:
+        return False
+    for seen in activity.values():
+        if seen.in_flight or seen.queued or seen.workflow.expected(now):
+            return False
+        if any(count and second >= now - RECENT_REQUESTS_S for second, count in seen.requests.items()):
+            return False
+    return True
+
+
+def pass_interval_s(*, quiet_now: bool, interval_s: float, quiet_interval_s: float,
+                    next_timer_in_s: float | None = None) -> float:
+    """How long the loop sleeps before its next pass (events wake it sooner): the quiet interval
+    while quiet, else the interval, and never past a timer (a pre-warm, a workflow's release)."""
+    sleep = max(interval_s, quiet_interval_s) if quiet_now else interval_s
+    return sleep if next_timer_in_s is None else max(0.0, min(sleep, next_timer_in_s))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 
 import httpx
@@ -17,7 +18,7 @@ from dilu.controller.reconciler import Reconciler
 from dilu.db import repo
 from dilu.db.models import utcnow
 from dilu.default_impl import create_scheduler
-from dilu.messages import FunctionStatus
+from dilu.messages import READY, FunctionStatus
 from dilu.state.base import Channel
 from dilu.state.memory import MemoryStore
 from dilu.worker_client import WorkerDirectory
@@ -56,13 +57,19 @@ async def test_an_idle_function_waits_for_the_resync_and_demand_is_reconciled_at
         try:
             for _ in range(4):
                 await reconciler.reconcile_once()
-            assert reconciler.visits["held"] == 4
+            assert reconciler.visits["held"] == 4 and not reconciler.quiet    # its instance is still starting
+            for instance_id, status in list(worker.statuses.items()):
+                worker.statuses[instance_id] = dataclasses.replace(status, state=READY)
+            await reconciler.reconcile_once()     # folds it ready (an event: it acted)
+            await reconciler.reconcile_once()
+            assert reconciler.quiet        # its instance runs, nothing else happens: the loop may slow down
             assert all(reconciler.visits[f"idle-{index:02d}"] == 1 for index in range(20))   # the first pass's resync
             # A request waits for idle-07 (scale from zero): the next pass reconciles it and starts an instance.
             await store.report_activity("gw", {"idle-07": {"in_flight": 0, "queued": 1, "last_request_at": None}},
                                         {}, ttl_s=60)
             await reconciler.reconcile_once()
             assert reconciler.visits["idle-07"] == 2 and reconciler.visits["idle-08"] == 1
+            assert not reconciler.quiet    # it started an instance for the request
             with sessions() as session:
                 started = repo.list_instances(session=session, function="idle-07", active_only=True)
             assert len(started) == 1
