@@ -6,9 +6,10 @@ traffic: rows written into its database before it starts, as a restarted platfor
 catalogue, without a start each to prove they load) and one busy function (one instance,
 deployed through the API). Then, one after another:
 
-- CPU over --idle-s seconds with nothing to do (every function idle for 12 s), in ms per second: the controller's (on `dilu up`
-  its thread and that thread's own helpers, where it runs beside the workers; on separate roles
-  its process), and all of the platform's (the `dilu up` process, or the three roles together);
+- CPU over --idle-s seconds with nothing to do (every function idle for 12 s), in ms per
+  second: the controller's (on `dilu up` its thread and that thread's own helpers, where it runs
+  beside the workers; on separate roles its process), and all of the platform's (the `dilu up`
+  process, or the three roles together);
 - a page of the function list: `GET /v1/functions?limit=100`, p50 of 10;
 - the busy function's warm latency, p50 and p99 of --requests sequential requests;
 - cold starts: three idle functions invoked once each (scale from zero), p50;
