@@ -12,8 +12,8 @@ deployed through the API). Then, one after another:
   process, or the three roles together);
 - a page of the function list: `GET /v1/functions?limit=100`, p50 of 10;
 - the busy function's warm latency, p50 and p99 of --requests sequential requests;
-- cold starts: three idle functions invoked once each (scale from zero), p50;
-- deploys through the API (`POST /v1/functions`), p50 and p99 of 5;
+- cold starts: COLD_STARTS (9) idle functions invoked once each (scale from zero), p50;
+- deploys through the API (`POST /v1/functions`), p50 and p99 of DEPLOYS (15);
 - resident memory of each process (`dilu up`; or gateway, controller and worker).
 
 Ratios to the first level (the smallest catalogue) are printed beside each figure.
@@ -21,7 +21,7 @@ Ratios to the first level (the smallest catalogue) are printed beside each figur
 measure an earlier version beside this one.
 
     python bench/many_functions.py [--levels 1,100,1000] [--deployments up,roles] [--idle-s 10]
-                                   [--requests 300] [--code PATH]
+                                   [--requests 1000] [--code PATH]
 
 Separate roles need PostgreSQL (DILU_TEST_POSTGRES, by default postgresql://postgres@127.0.0.1:5432/test,
 where each level gets a database of its own, dropped after) and Redis (DILU_TEST_REDIS).
@@ -59,6 +59,7 @@ IDLE_SPEC = {"handler": "handler:Echo", "resources": {"memory": "64Mi", "gpu": F
              "scaling": {"min_instances": 0, "max_instances": 1, "keep_alive_s": 600}}
 POSTGRES_ADMIN_URL = os.environ.get("DILU_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("DILU_TEST_REDIS", "redis://127.0.0.1:6379/0")
+COLD_STARTS, DEPLOYS = 9, 15   # samples enough for a median on a noisy host
 CONTROL_THREAD = "dilu-control"   # what `dilu up` names its controller's threads (cli/roles/control_thread.py)
 
 
@@ -170,7 +171,7 @@ def _forget_redis_keys(prefix: str) -> None:
 
 
 def idle_names(count: int) -> list[str]:
-    return [f"idle-{i:05d}" for i in range(count)] + [f"cold-{i}" for i in range(3)]
+    return [f"idle-{i:05d}" for i in range(count)] + [f"cold-{i}" for i in range(COLD_STARTS)]
 
 
 def timed(call: Callable[[], object]) -> float:
@@ -222,8 +223,8 @@ def measure(deployment: Deployment, args: argparse.Namespace) -> dict[str, float
     row["page"] = statistics.median(timed(lambda: http.get("/v1/functions", params={"limit": 100}))
                                     for _ in range(10))
     warm = [timed(lambda: invoke(http, "busy")) for _ in range(args.requests)]
-    cold = [timed(lambda name=f"cold-{i}": invoke(http, name)) for i in range(3)]
-    deploys = [timed(lambda i=i: deploy(http, f"fresh-{i}")) for i in range(5)]
+    cold = [timed(lambda name=f"cold-{i}": invoke(http, name)) for i in range(COLD_STARTS)]
+    deploys = [timed(lambda i=i: deploy(http, f"fresh-{i}")) for i in range(DEPLOYS)]
     row.update({"warm_p50": statistics.median(warm), "warm_p99": p99(warm), "cold": statistics.median(cold),
                 "deploy_p50": statistics.median(deploys), "deploy_p99": p99(deploys)})
     for role, pid in deployment.pids.items():
@@ -243,7 +244,7 @@ def main() -> None:
     parser.add_argument("--levels", default="1,100,1000", help="comma-separated numbers of idle functions")
     parser.add_argument("--deployments", default="up,roles", help="up, roles or both (comma-separated)")
     parser.add_argument("--idle-s", type=float, default=10.0, help="seconds of idle CPU measured")
-    parser.add_argument("--requests", type=int, default=300, help="warm requests to the busy function")
+    parser.add_argument("--requests", type=int, default=1000, help="warm requests to the busy function")
     parser.add_argument("--code", default="", help="run the platform from this checkout instead")
     args = parser.parse_args()
     if not os.path.exists(dilu_executable()):
