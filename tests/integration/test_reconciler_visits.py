@@ -39,16 +39,22 @@ def _ready_function(sessions, name: str, min_instances: int) -> None:
         repo.set_function_status(session=session, name=name, version=1, status=FunctionStatus.READY.value)
 
 
-async def test_an_idle_function_waits_for_the_resync_and_demand_is_reconciled_at_once(sessions) -> None:
-    for index in range(20):
-        _ready_function(sessions, f"idle-{index:02d}", min_instances=0)
-    _ready_function(sessions, "held", min_instances=1)        # must hold an instance: visited every pass
+async def _one_worker(sessions) -> tuple[MemoryStore, HeldStartsWorker]:
+    """A live worker "w1" that starts what it is told at once (its instances stay starting)."""
     with sessions() as session:
         repo.upsert_workers(session=session, workers=[make_worker("w1")], now=utcnow())
     store = MemoryStore()
     await store.heartbeat(make_worker("w1"), ttl_s=60)
     worker = HeldStartsWorker(store)
     worker.release.set()
+    return store, worker
+
+
+async def test_an_idle_function_waits_for_the_resync_and_demand_is_reconciled_at_once(sessions) -> None:
+    for index in range(20):
+        _ready_function(sessions, f"idle-{index:02d}", min_instances=0)
+    _ready_function(sessions, "held", min_instances=1)        # must hold an instance: visited every pass
+    store, worker = await _one_worker(sessions)
     async with httpx.AsyncClient() as http:
         directory = WorkerDirectory(http, None)
         directory.register_local("w1", worker)
@@ -89,12 +95,7 @@ async def test_an_event_wakes_the_pass_that_reconciles_its_function(sessions) ->
     starts), and the functions it does not name are not visited."""
     for index in range(10):
         _ready_function(sessions, f"idle-{index:02d}", min_instances=0)
-    with sessions() as session:
-        repo.upsert_workers(session=session, workers=[make_worker("w1")], now=utcnow())
-    store = MemoryStore()
-    await store.heartbeat(make_worker("w1"), ttl_s=60)
-    worker = HeldStartsWorker(store)
-    worker.release.set()
+    store, worker = await _one_worker(sessions)
 
     async def started() -> bool:
         with sessions() as session:
