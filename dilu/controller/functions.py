@@ -57,6 +57,7 @@ class FunctionManager:
         current = [r for r in serving if r.function_version == function.version]
         old = [r for r in serving if r.function_version != function.version]
         memory = self._memory.setdefault(function.name, _FunctionMemory())
+        self.recheck_at.pop(function.name, None)    # this visit is the one it asked for; the decision may set another
 
         if function.status == FunctionStatus.DEPLOYING and self.profiling.needed(function, profile):
             self.profiling.start(function, live)
@@ -75,9 +76,7 @@ class FunctionManager:
         chosen = effective_slice(function.typed_spec, profile)
         await self.actuator.resize(function, current, chosen, live)
         decision = self._decide(function, rows, current, profile, activity, telemetry, memory)
-        if decision.recheck_in_s is None:
-            self.recheck_at.pop(function.name, None)
-        else:
+        if decision.recheck_in_s is not None:
             self.recheck_at[function.name] = time.time() + decision.recheck_in_s
         if decision.desired > len(current):
             for _ in range(decision.desired - len(current)):

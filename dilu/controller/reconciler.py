@@ -133,8 +133,8 @@ class Reconciler:
                 now = time.time()
                 sleep = pass_interval_s(quiet_now=self.quiet, interval_s=self.settings.reconcile_interval_s,
                                         quiet_interval_s=self.settings.quiet_interval_s,
-                                        next_timer_in_s=min((at - now for at in self.functions.recheck_at.values()),
-                                                            default=None))
+                                        next_timer_in_s=min((at - now for at in self.functions.recheck_at.values()
+                                                             if at > now), default=None))
                 try:
                     await asyncio.wait_for(self.ctx.wake.wait(), wake_in_s(self._activity, now, sleep))
                 except TimeoutError:
