@@ -23,7 +23,11 @@ def one_page(rows: Sequence[T], limit: int | None, request: Request, response: R
     if limit is None or len(rows) <= limit:
         return list(rows)
     page = list(rows[:limit])
-    cursor = cursor_of(page[-1])
+    link_next(request, response, cursor_of(page[-1]))
+    return page
+
+
+def link_next(request: Request, response: Response, cursor: str) -> None:
+    """Gives the next page's ``cursor`` in ``x-next-cursor`` and a ``Link`` to it (this URL with it)."""
     response.headers["x-next-cursor"] = cursor
     response.headers["link"] = f'<{request.url.include_query_params(cursor=cursor)}>; rel="next"'
-    return page

@@ -7,7 +7,7 @@ second). A thread rather than a process: the in-process state store, the SQLite 
 workers' instances stay shared as they are, with no second store to run; the two loops meet only
 in the state store (locked, messages delivered on the subscriber's loop) and in the gateway's
 calls to workers (run on this loop). Python code of both still takes turns on the interpreter,
-a few milliseconds at a time, which the gateway's latency benchmark shows.
+a few milliseconds at a time (bench/many_functions.py measures the warm p99 beside it).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from dilu.state.base import Channel
 from gateway.auth import is_admin
 from gateway.deps import ServicesDep, SessionDep
 from gateway.docs import AUTH_ERRORS, SECURED, errors
-from gateway.paging import MAX_PAGE, NEXT_PAGE_DOC, one_page
+from gateway.paging import MAX_PAGE, NEXT_PAGE_DOC, link_next, one_page
 from gateway.routing import RoutingTable
 from gateway.schemas import DeployRequest, EventPublic, FunctionPublic, InstancePublic, SliceUpdate
 from gateway.services import GatewayServices
@@ -267,8 +267,7 @@ def list_events(name: str, request: Request, response: Response, session: Sessio
     rows = repo.list_events(session=session, function=name, limit=limit + 1, before=cursor)
     if len(rows) > limit:    # newest first from the database: the extra one is the oldest
         rows = rows[1:]
-        response.headers["x-next-cursor"] = str(rows[0].id)
-        response.headers["link"] = f'<{request.url.include_query_params(cursor=rows[0].id)}>; rel="next"'
+        link_next(request, response, str(rows[0].id))
     return [EventPublic(at=e.at, function=e.function, action=e.action, reason=e.reason, instance_id=e.instance_id)
             for e in rows]
 
