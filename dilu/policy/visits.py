@@ -44,10 +44,7 @@ def needs_visit(facts: FunctionFacts, activity: FunctionActivity | None, last_se
         return True
     if facts.instances > 0 or facts.min_instances > 0:
         return True
-    if activity is None:
-        return False
-    recent = any(count and second >= now - RECENT_REQUESTS_S for second, count in activity.requests.items())
-    return recent or activity.in_flight > 0 or activity.queued > 0 or activity.workflow.expected(now)
+    return activity is not None and _demand(activity, now)
 
 
 def quiet(activity: dict[str, FunctionActivity], now: float, *, acted: bool, settling: bool) -> bool:
@@ -55,14 +52,13 @@ def quiet(activity: dict[str, FunctionActivity], now: float, *, acted: bool, set
     nothing (``acted``: no start, stop, resize, status or instance change recorded), nothing is
     starting, stopping, deploying or running in the background (``settling``), and no function
     has requests now or lately, or a workflow request expecting it."""
-    if acted or settling:
-        return False
-    for seen in activity.values():
-        if seen.in_flight or seen.queued or seen.workflow.expected(now):
-            return False
-        if any(count and second >= now - RECENT_REQUESTS_S for second, count in seen.requests.items()):
-            return False
-    return True
+    return not (acted or settling or any(_demand(seen, now) for seen in activity.values()))
+
+
+def _demand(activity: FunctionActivity, now: float) -> bool:
+    """Requests in flight, queued or lately, or a workflow request expecting the function."""
+    recent = any(count and second >= now - RECENT_REQUESTS_S for second, count in activity.requests.items())
+    return recent or activity.in_flight > 0 or activity.queued > 0 or activity.workflow.expected(now)
 
 
 def pass_interval_s(*, quiet_now: bool, interval_s: float, quiet_interval_s: float,
