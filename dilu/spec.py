@@ -18,6 +18,7 @@ from dilu.limits import LimitExceeded, check_yaml
 from dilu.slices import MAX_SHARE, MIN_SHARE, ComputeSlice
 
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+NAME_FRAGMENT_PATTERN = r"^[a-z0-9-]{0,63}$"   # a part of a name, as a filter matches it ("-" alone too)
 HANDLER_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
 _MEMORY_UNITS = {
     "": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,

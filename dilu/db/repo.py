@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -24,6 +25,7 @@ from dilu.db.models import (
     utcnow,
 )
 from dilu.messages import ACTIVE_STATES, FunctionStatus, WorkerInfo
+from dilu.spec import NAME_FRAGMENT_PATTERN
 
 
 def create_key(*, session: Session, key_id: str, name: str, secret_hash: str, scopes: list[str]) -> ApiKeyRow:
@@ -165,10 +167,13 @@ def unsettled_functions(*, session: Session, limit: int, containing: str = "") -
     return list(session.scalars(query.order_by(FunctionRow.name).limit(limit)))
 
 
+NAME_FRAGMENT = re.compile(NAME_FRAGMENT_PATTERN)
+
+
 def _named_like(query: Any, containing: str) -> Any:
     if not containing:
         return query
-    if not containing.replace("-", "").isalnum():   # a name's own characters: nothing LIKE reads as a wildcard
+    if not NAME_FRAGMENT.fullmatch(containing):   # a name's own characters: nothing LIKE reads as a wildcard
         raise ValueError(f"cannot match function names on {containing!r}")
     return query.where(FunctionRow.name.contains(containing))
 

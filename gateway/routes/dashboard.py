@@ -13,6 +13,7 @@ from fastapi.responses import Response
 
 from dilu.db import repo
 from dilu.db.models import FunctionRow, InstanceRow, ProfileRow, ScalingEventRow, WorkerRow
+from dilu.spec import NAME_FRAGMENT_PATTERN
 from gateway.dashboard.view import build, is_live, shown_functions
 from gateway.deps import ServicesDep
 from gateway.docs import AUTH_ERRORS, SECURED, errors
@@ -58,7 +59,7 @@ def asset(asset: str) -> Response:
     **AUTH_ERRORS, **errors(422)})
 async def dashboard(services: ServicesDep,
                     limit: int = Query(DEFAULT_SHOWN, ge=1, le=MAX_PAGE, description="Functions listed at most"),
-                    match: str = Query("", max_length=63, pattern=r"^[a-z0-9-]*$",
+                    match: str = Query("", max_length=63, pattern=NAME_FRAGMENT_PATTERN,
                                        description="Only functions whose name holds this")) -> dict[str, Any]:
     try:   # counters and telemetry are best effort: the rest comes from the database
         activity = await services.store.function_activity()

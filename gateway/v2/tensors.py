@@ -90,6 +90,9 @@ def _from_json_in_c(spec: TensorSpec, shape: list[int], data: Any) -> np.ndarray
     if array.size != element_count(shape):
         raise TensorError(f"input {spec.name!r}: {array.size} elements given, shape {shape} holds "
                           f"{element_count(shape)}")
+    if array.ndim > 1 and list(array.shape) != shape:
+        raise TensorError(f"input {spec.name!r}: data nested as {list(array.shape)} does not follow shape {shape} "
+                          "(nest it level by level, or send it flat)")
     dtype = NUMPY_TYPES[spec.datatype]
     if array.dtype.kind in "iu":
         info = np.iinfo(dtype) if dtype.kind in "iu" else None
@@ -100,6 +103,22 @@ def _from_json_in_c(spec: TensorSpec, shape: list[int], data: Any) -> np.ndarray
             return _finite(spec, array.astype(dtype, copy=False)).reshape(shape)
     except FloatingPointError as exc:
         raise TensorError(f"input {spec.name!r}: an element does not fit {spec.datatype}: {exc}") from None
+
+
+def _check_nesting(spec: TensorSpec, shape: list[int], data: Any) -> None:
+    """Nested ``data`` follows ``shape`` level by level; flat data (no list inside) is row-major.
+    Only the element count would let ``[[1, [2]], [3, 4]]`` pass for ``[2, 2]``."""
+    if not isinstance(data, list) or not any(isinstance(item, list) for item in data):
+        return
+    level = [data]
+    for depth, size in enumerate(shape):
+        if not all(isinstance(item, list) and len(item) == size for item in level):
+            break
+        level = [element for item in level for element in item]
+        if depth == len(shape) - 1 and not any(isinstance(item, list) for item in level):
+            return
+    raise TensorError(f"input {spec.name!r}: nested data does not follow shape {shape} level by level "
+                      "(nest it as the shape says, or send it flat)")
 
 
 def _holds_bool(data: Any) -> bool:
@@ -120,6 +139,7 @@ def from_json(spec: TensorSpec, shape: list[int], data: Any) -> np.ndarray:
     if len(flat) != element_count(shape):
         raise TensorError(f"input {spec.name!r}: {len(flat)} elements given, shape {shape} holds "
                           f"{element_count(shape)}")
+    _check_nesting(spec, shape, data)
     if spec.datatype == "BYTES":
         if not all(isinstance(item, str) for item in flat):
             raise TensorError(f"input {spec.name!r}: BYTES elements are strings in JSON")

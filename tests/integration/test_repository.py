@@ -183,5 +183,6 @@ def test_functions_match_on_part_of_their_name_and_the_unsettled_are_found(sessi
         assert [r.name for r in repo.functions_page(session=session, after=None, limit=2, containing="img")] == [
             "img-crop", "img-resize"]
         assert [r.name for r in repo.unsettled_functions(session=session, limit=5)] == ["img-crop", "video-img"]
+        assert repo.count_functions(session=session, containing="-") == 4     # what the routes' pattern allows
         with pytest.raises(ValueError):
             repo.count_functions(session=session, containing="%")

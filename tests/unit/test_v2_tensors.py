@@ -154,3 +154,19 @@ def test_a_tensor_reaches_the_handler_and_comes_back_byte_exact(datatype: str) -
     spec = TensorSpec(name="x", datatype=datatype, shape=[-1, -1])
     received = json.loads(handler_body([(spec, array)]))["x"]
     assert from_handler(spec, received).tobytes() == array.tobytes()
+
+
+@pytest.mark.parametrize("data", [[[1, [2]], [3, 4]], [[1, 2, 3, 4]], [[1], [2], [3], [4]], [[1, 2], [3], [4]],
+                                  [[[1, 2]], [[3, 4]]]])
+def test_nested_data_follows_the_shape_level_by_level(data: list) -> None:
+    with pytest.raises(TensorError, match="does not follow shape"):
+        from_json(COUNTS, [2, 2], data)
+
+
+@pytest.mark.parametrize("spec", [COUNTS, TensorSpec(name="words", datatype="BYTES", shape=[2, -1])])
+def test_flat_data_and_data_nested_as_the_shape_are_both_taken(spec: TensorSpec) -> None:
+    element = "a" if spec.datatype == "BYTES" else 1
+    nested, flat = [[element, element], [element, element]], [element] * 4
+    assert from_json(spec, [2, 2], nested).shape == from_json(spec, [2, 2], flat).shape == (2, 2)
+    with pytest.raises(TensorError, match="does not follow shape"):
+        from_json(spec, [2, 2], [[element, [element]], [element, element]])
