@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, computed_field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from dilu.spec import parse_memory
 
 
 def default_home() -> Path:
@@ -180,6 +182,11 @@ class WorkerSettings(CommonSettings):
     instance_env_pass: str = Field("", max_length=2000, description="Names (comma-separated) of worker environment "
                                                                     "variables instances may also see (beyond the "
                                                                     "allow-list: PATH, locale, CUDA_*, ...)")
+    instance_runtime_memory: int = Field(256 * 2**20, ge=0, le=2**40, description=(
+        "Memory an instance may hold beyond its resources.memory, for the interpreter and its libraries "
+        "(bytes, or 256Mi, 1Gi): past both the kernel kills it, and its error names the limit"))
+    instance_pids: int = Field(1024, ge=16, le=1_000_000, description="Processes and threads one instance may "
+                                                                     "have at once")
     docker_read_only: bool = Field(True, description="Read-only root filesystem for instance containers "
                                                      "(a tmpfs at /tmp)")
     heartbeat_s: float = Field(1.0, gt=0)
@@ -236,6 +243,11 @@ class WorkerSettings(CommonSettings):
         if value not in {"process", "docker"}:
             raise ValueError(f"unknown runtime {value!r}; known: process, docker")
         return value
+
+    @field_validator("instance_runtime_memory", mode="before")
+    @classmethod
+    def _runtime_memory(cls, value: Any) -> int:
+        return 0 if value in (0, "0") else parse_memory(value)
 
     @field_validator("instance_uids")
     @classmethod

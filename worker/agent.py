@@ -308,7 +308,8 @@ class WorkerAgent:
             if code is not None:
                 tail = await asyncio.to_thread(self._log_tail, record, 50)
                 record.exit_code = code
-                self._end(record, FAILED, describe_exit(code, tail))
+                reason = self._backend.exit_reason(record.running, record.request.memory_bytes)
+                self._end(record, FAILED, reason or describe_exit(code, tail))
                 log.warning("instance %s of %s ended: %s", record.request.instance_id,
                             record.request.function, record.error)
                 await self._changed(record)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -136,3 +137,173 @@ def join_group(procs_file: str | None) -> None:
                 handle.write(str(os.getpid()))
         except OSError:
             pass
+
+
+# ---- memory, pids and every process of an instance ----
+V1_FENCES = ("memory", "pids", "freezer")
+KILL_ROUNDS = 200     # rounds of 10 ms: a group that still holds live processes then is reported
+
+
+def _own_v1_path(controller: str) -> str:
+    """This process's group in a v1 hierarchy ('/' at the root): instances nest below it, so
+    they stay within whatever bounds the worker itself was given."""
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, names, path = line.split(":", 2)
+            if controller in names.split(","):
+                return path
+    except OSError:
+        pass
+    return "/"
+
+
+class InstanceGroups:
+    """Per instance: a memory limit, a pids limit, and a way to end every process in it.
+
+    cgroup v2: one group under ``<root>/dilu/`` with the memory and pids controllers, ended by
+    ``cgroup.kill``. cgroup v1: a group in each of the memory, pids and freezer hierarchies (below
+    the worker's own group), ended by freezing it, killing what it holds and thawing it, so a
+    process forking meanwhile cannot slip out. ``available`` names the controllers in use; with
+    none, instances run unbounded (a worker that cannot write cgroups) and the worker says so."""
+
+    def __init__(self, base: Path | None = None, version: int | None = None,
+                 v1_bases: dict[str, Path] | None = None) -> None:
+        self.version, self.base, self.v1 = (version, base, v1_bases or {}) if (base or v1_bases) else self._detect()
+        self.available = frozenset(("memory", "pids", "kill") if self.version == 2 else
+                                   self.v1.keys() | ({"kill"} if "freezer" in self.v1 else set()))
+        if not self.available:
+            log.warning("no writable cgroup memory or pids controller: instances run without memory and "
+                        "process limits")
+
+    @staticmethod
+    def _detect() -> tuple[int | None, Path | None, dict[str, Path]]:
+        for root in ROOTS_V2:
+            controllers = root / "cgroup.controllers"
+            if controllers.exists() and {"memory", "pids"} <= set(controllers.read_text().split()):
+                base = root / "dilu"
+                try:
+                    base.mkdir(exist_ok=True)
+                    (root / "cgroup.subtree_control").write_text("+memory +pids")
+                    (base / "cgroup.subtree_control").write_text("+memory +pids")
+                    return 2, base, {}
+                except OSError:
+                    continue
+        bases = {}
+        for controller in V1_FENCES:
+            root = Path("/sys/fs/cgroup") / controller
+            if not (root / "cgroup.procs").exists():
+                continue
+            base = root / _own_v1_path(controller).lstrip("/") / "dilu"
+            try:
+                base.mkdir(exist_ok=True)
+                bases[controller] = base
+            except OSError:
+                pass
+        return (1 if bases else None), None, bases
+
+    def _groups(self, instance_id: str) -> list[Path]:
+        if self.version == 2:
+            return [self.base / instance_id]
+        return [base / instance_id for base in self.v1.values()]
+
+    def create(self, instance_id: str, memory_bytes: int, pids: int) -> list[str]:
+        """Makes the instance's groups with their limits (idempotent); returns the ``cgroup.procs``
+        files a process writes its pid to, to join them."""
+        if not self.available:
+            return []
+        for path in self._groups(instance_id):
+            path.mkdir(exist_ok=True)
+        if self.version == 2:
+            group = self.base / instance_id
+            _write(group / "memory.max", str(memory_bytes))
+            _write(group / "memory.swap.max", "0", required=False)
+            _write(group / "pids.max", str(pids))
+        else:
+            if "memory" in self.v1:
+                group = self.v1["memory"] / instance_id
+                _write(group / "memory.limit_in_bytes", str(memory_bytes))
+                # With swap accounting, memory plus swap: the limit is not escaped by swapping.
+                _write(group / "memory.memsw.limit_in_bytes", str(memory_bytes), required=False)
+            if "pids" in self.v1:
+                _write(self.v1["pids"] / instance_id / "pids.max", str(pids))
+        return [str(path / "cgroup.procs") for path in self._groups(instance_id)]
+
+    def oom_killed(self, instance_id: str) -> bool:
+        """Whether the kernel killed a process of the instance for passing its memory limit."""
+        if "memory" not in self.available:
+            return False
+        events = (self.base / instance_id / "memory.events") if self.version == 2 else \
+            (self.v1["memory"] / instance_id / "memory.oom_control")
+        try:
+            for line in events.read_text().splitlines():
+                name, _, count = line.partition(" ")
+                if name == "oom_kill" and int(count) > 0:
+                    return True
+        except (OSError, ValueError):
+            pass
+        return False
+
+    def pids(self, instance_id: str) -> list[int]:
+        """Every live process in the instance's groups now (not the zombies its killed leave)."""
+        found: set[int] = set()
+        for path in self._groups(instance_id):
+            try:
+                found.update(int(pid) for pid in (path / "cgroup.procs").read_text().split())
+            except (OSError, ValueError):
+                pass
+        return sorted(pid for pid in found if _alive(pid))
+
+    def kill_all(self, instance_id: str) -> None:
+        """Ends every process of the instance, those that left its process group and session
+        too (a double-forked daemon); returns once none is left, or after saying why not."""
+        if "kill" not in self.available:
+            return
+        if self.version == 2:
+            _write(self.base / instance_id / "cgroup.kill", "1", required=False)
+            return
+        freezer = self.v1["freezer"] / instance_id
+        if not freezer.exists():
+            return
+        for _ in range(KILL_ROUNDS):
+            pids = self.pids(instance_id)
+            if not pids:
+                return
+            _write(freezer / "freezer.state", "FROZEN", required=False)
+            for pid in self.pids(instance_id):   # read again frozen: nothing forks past this list
+                try:
+                    os.kill(pid, 9)
+                except ProcessLookupError:
+                    pass
+            _write(freezer / "freezer.state", "THAWED", required=False)   # the killed run to their end
+            time.sleep(0.01)
+        log.warning("instance %s: processes still left after %d kill rounds: %s", instance_id, KILL_ROUNDS,
+                    self.pids(instance_id))
+
+    def remove(self, instance_id: str) -> None:
+        """Removes the instance's groups (once empty: call ``kill_all`` first)."""
+        for path in self._groups(instance_id):
+            try:
+                path.rmdir()
+            except OSError:
+                pass  # a killed process not yet reaped by its parent, or already gone
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _write(path: Path, value: str, required: bool = True) -> None:
+    try:
+        path.write_text(value)
+    except OSError as exc:
+        if required:
+            log.warning("cannot write %s to %s: %s", value, path, exc)
+
+
+def join_groups(procs_files: list[str]) -> None:
+    """Runs in the child before exec: moves it into each of its instance's groups."""
+    for procs_file in procs_files:
+        join_group(procs_file)

@@ -9,7 +9,7 @@ from pathlib import Path
 import dilu
 from dilu.config import WorkerSettings, parse_range
 from worker.backends.base import RuntimeBackend
-from worker.sandbox import runtime_problem
+from worker.sandbox import private_temp_problem, runtime_problem
 from worker.uids import DEFAULT_REGISTRY, InstanceUser, UidRegistry
 
 
@@ -17,11 +17,13 @@ def create_backend(settings: WorkerSettings) -> RuntimeBackend:
     """The runtime backend DILU_RUNTIME names: child processes, or Docker containers."""
     if settings.runtime == "process":
         from worker.backends.process import ProcessBackend
-        from worker.cgroups import CpuLimiter
+        from worker.cgroups import CpuLimiter, InstanceGroups
 
         users = _instance_users(settings) if os.geteuid() == 0 else None
         return ProcessBackend(state_dir=settings.home, python=settings.python, host=settings.host,
                               advertise_host=settings.effective_advertise_host, cpu=CpuLimiter(),
+                              groups=InstanceGroups(), runtime_memory=settings.instance_runtime_memory,
+                              pids=settings.instance_pids,
                               spares=settings.spare_processes, spares_max=settings.spare_max,
                               preload=tuple(m.strip() for m in settings.spare_preload.split(",") if m.strip()),
                               users=users, cpu_pool=False,    # each worker agent prepares the pool it needs
@@ -55,4 +57,9 @@ def _instance_users(settings: WorkerSettings) -> UidRegistry:
             f"instance code never runs as root, and the unprivileged instance users (uids {first}-{last}) cannot "
             f"start the instance runtime with {python} ({problem}). Let them reach that Python ({fix}), point "
             "DILU_PYTHON at an interpreter they can run, or run Dilu as a user other than root")
+    problem = private_temp_problem(python)
+    if problem is not None:
+        raise RuntimeError(
+            "a root worker gives each instance a private /tmp and /dev/shm (a mount namespace of its own), and "
+            f"cannot here ({problem}): run it with CAP_SYS_ADMIN, or as a user other than root")
     return UidRegistry(settings.uid_registry or DEFAULT_REGISTRY, (first, last), settings.home)

@@ -23,6 +23,10 @@ from worker.uids import InstanceUser, UidRegistry
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_DUMPABLE = 4
+_CLONE_NEWNS = 0x00020000
+_MS_NOSUID, _MS_NODEV, _MS_REC, _MS_SLAVE = 0x2, 0x4, 0x4000, 0x80000
+PRIVATE_TEMP = ("/tmp", "/var/tmp", "/dev/shm")      # the folders every user may write
+SANDBOX_PARENT = Path("/run")   # root's own, and out of PRIVATE_TEMP: instances must still reach their folder
 
 
 def die_with_parent() -> None:
@@ -40,6 +44,34 @@ def set_dumpable() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 1)
     except (OSError, AttributeError):
         pass
+
+
+def private_temp(size_bytes: int) -> None:
+    """Gives the calling root process (about to become an instance) a mount namespace of its own
+    with a fresh tmpfs of ``size_bytes`` on each of ``PRIVATE_TEMP``: what one function writes there,
+    no other sees. Its mounts are slaves of the host's, so nothing it mounts reaches the host.
+    Raises OSError when the kernel refuses (no CAP_SYS_ADMIN)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(_CLONE_NEWNS) != 0 or libc.mount(b"none", b"/", None, _MS_REC | _MS_SLAVE, None) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"a mount namespace of its own: {os.strerror(error)}")
+    options = f"size={size_bytes},mode=1777".encode()
+    for target in PRIVATE_TEMP:
+        if os.path.isdir(target) and libc.mount(b"tmpfs", target.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV,
+                                                options) != 0:
+            error = ctypes.get_errno()
+            raise OSError(error, f"a private {target}: {os.strerror(error)}")
+
+
+def private_temp_problem(python: str) -> str | None:
+    """Why instances cannot get a private /tmp and /dev/shm here (tried in a child), or None."""
+    import subprocess
+
+    probe = subprocess.run([python, "-c", "from worker.sandbox import private_temp; private_temp(1 << 20)"],
+                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    if probe.returncode == 0:
+        return None
+    return (probe.stderr.strip().splitlines() or [f"exit status {probe.returncode}"])[-1]
 
 
 def become(uid: int, gid: int) -> None:
@@ -70,13 +102,15 @@ def _link_or_copy(source: str, target: str) -> None:
 
 
 class Sandboxes:
-    """The folders of one worker's instances, under a root made for it in the temp folder."""
+    """The folders of one worker's instances, under a root made for it in /run (out of what instances
+    see privately: /tmp, /var/tmp, /dev/shm), or the temp folder where /run is not writable."""
 
     def __init__(self, users: UidRegistry) -> None:
         self.users = users
         # mkdtemp: a new folder only this process made (no one can have planted it), then opened
         # to traversal only: others cannot list it, each instance reaches its own folder.
-        self.root = Path(tempfile.mkdtemp(prefix="dilu-instances-"))
+        parent = SANDBOX_PARENT if os.access(SANDBOX_PARENT, os.W_OK) else None
+        self.root = Path(tempfile.mkdtemp(prefix="dilu-instances-", dir=parent))
         self.root.chmod(0o711)
         self.shared = self.root / "run"
         self.shared.mkdir(mode=0o711)

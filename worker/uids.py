@@ -5,7 +5,9 @@ no supplementary groups), so one function cannot read another's code, files or `
 (environment, working folder): the kernel refuses those across users. The uid is recorded in a
 host-wide file (guarded by ``flock``, so every worker on the host agrees) and reused for the
 function's later instances; it is never handed to another function. Entries of a platform
-whose state folder is gone are forgotten, so the range is not used up by finished platforms.
+whose state folder is gone are forgotten, so the range is not used up by finished platforms; a
+uid is handed out again only once no process of it runs (one that outlived its platform would
+otherwise become the next function's).
 """
 
 from __future__ import annotations
@@ -62,11 +64,30 @@ class UidRegistry:
         return user
 
     def _free(self, taken: set[int]) -> int:
+        running = _uids_running()   # a uid forgotten while its processes live on is not free yet
         for uid in range(self._first, self._last + 1):
-            if uid not in taken and not _has_account(uid):
+            if uid not in taken and uid not in running and not _has_account(uid):
                 return uid
         raise RuntimeError(f"every uid of the instance range {self._first}-{self._last} is taken "
                            "(DILU_INSTANCE_UIDS): widen it")
+
+
+def _uids_running() -> set[int]:
+    """Every uid (real, effective, saved or file-system) a process of the host has now: read from
+    each process's status, which a process cannot hide as it can its /proc folder's owner."""
+    uids: set[int] = set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/status") as status:
+                for line in status:
+                    if line.startswith("Uid:"):
+                        uids.update(int(uid) for uid in line.split()[1:])
+                        break
+        except (OSError, ValueError):
+            pass   # ended meanwhile
+    return uids
 
 
 def _has_account(uid: int) -> bool:

@@ -19,6 +19,7 @@ class RunningInstance:
     endpoint: str
     pid: int | None
     handle: Any
+    instance_id: str = ""
 
 
 def inheritable_listener(host: str) -> socket.socket:
@@ -64,6 +65,10 @@ class RuntimeBackend(Protocol):
 
     def exit_code(self, running: RunningInstance) -> int | None:
         """The exit status once it has ended (negative: killed by that signal), else None."""
+
+    def exit_reason(self, running: RunningInstance, memory_bytes: int) -> str | None:
+        """Why an ended instance ended, where the runtime knows better than its exit status (the
+        kernel killed it at its memory limit); None: the exit status says it."""
 
     async def stop(self, running: RunningInstance, grace_s: float) -> None:
         """Asks it to stop, then kills it after ``grace_s``; idempotent."""

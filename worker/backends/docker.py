@@ -8,10 +8,11 @@ What every container gets (the contract in ``docs/architecture.md``):
   weights artifact, when it has one, read-only at ``/opt/dilu/weights.safetensors``;
 - on a GPU: the GPU requested by UUID (NVIDIA device request), the shim's folder and the token
   manager's socket folder bind-mounted read-only, ``LD_PRELOAD`` pointing at the mounted shim;
-- the slice's memory as the container's memory limit; a CPU slice as a CFS quota that
+- the bounds the process runtime applies too (``worker.backends.bounds``): memory (no swap), pids,
+  /tmp and /dev/shm sized at the memory limit; a CPU slice as a CFS quota that
   ``set_share`` changes at run time (``docker update``), so vertical scaling works for CPU
   functions in containers too;
-- an unprivileged user, a read-only root filesystem (a tmpfs at /tmp), no capabilities, no
+- an unprivileged user, a read-only root filesystem (the tmpfs at /tmp), no capabilities, no
   privilege escalation;
 - labels naming the owning worker and the start order, so a restarted worker adopts what is
   still running (containers outlive their worker) and removes what has ended.
@@ -39,6 +40,7 @@ from dilu.config import WorkerSettings
 from dilu.instance_protocol import InstanceConfig
 from dilu.messages import DeviceInfo, StartInstance
 from worker.backends.base import RunningInstance, endpoint_url
+from worker.backends.bounds import PIDS, RUNTIME_MEMORY, InstanceBounds, bounds_for
 from worker.backends.heap import keeping_freed_memory
 from worker.cgroups import PERIOD_US, cfs_quota
 
@@ -57,7 +59,6 @@ RUN_DIR = "/run/dilu"
 FAKE_DRIVER_DIR = "/opt/dilu/fake-driver"
 FAKE_CLOCK = "/opt/dilu/fake-clock"
 EXIT_POLL_S = 0.25                   # how stale an instance's "still running" may be
-TMPFS = {"/tmp": "rw,nosuid,nodev,size=1g"}
 
 
 def container_name(instance_id: str) -> str:
@@ -107,8 +108,9 @@ class DockerBackend:
 
     def __init__(self, *, client: Any, cpu_image: str, gpu_image: str, user: str, host: str,
                  advertise_host: str, read_only: bool = True, cores: int | None = None,
-                 users: Any = None) -> None:
+                 users: Any = None, runtime_memory: int = RUNTIME_MEMORY, pids: int = PIDS) -> None:
         self._client = client
+        self._limits = (runtime_memory, pids)
         self._cpu_image = cpu_image
         self._gpu_image = gpu_image
         self._user = user              # uid:gid of every container, unless users gives one per function
@@ -142,7 +144,13 @@ class DockerBackend:
             users = UidRegistry(registry, parse_range(settings.instance_uids), settings.home)
         return cls(client=client, cpu_image=settings.docker_image, gpu_image=settings.docker_gpu_image,
                    user=settings.docker_user, host=settings.host, advertise_host=settings.effective_advertise_host,
-                   read_only=settings.docker_read_only, users=users)
+                   read_only=settings.docker_read_only, users=users, runtime_memory=settings.instance_runtime_memory,
+                   pids=settings.instance_pids)
+
+    def bounds(self, memory_bytes: int, real_gpu: bool = False) -> InstanceBounds:
+        """What bounds an instance: the process runtime's numbers (``worker.backends.bounds``)."""
+        runtime_memory, pids = self._limits
+        return bounds_for(memory_bytes, real_gpu=real_gpu, runtime_memory=runtime_memory, pids=pids)
 
     def _user_of(self, function: str) -> str:
         if self._users is None:
@@ -166,7 +174,7 @@ class DockerBackend:
             raise RuntimeError(f"cannot start the instance's container: {_short(exc)}") from None
         self._containers[request.instance_id] = container
         self._log_paths[request.instance_id] = log_path
-        return RunningInstance(endpoint=endpoint, pid=None, handle=container)
+        return RunningInstance(endpoint=endpoint, pid=None, handle=container, instance_id=request.instance_id)
 
     def _run(self, kwargs: dict[str, Any]) -> Any:
         import docker
@@ -206,12 +214,14 @@ class DockerBackend:
         if device.kind != "gpu":
             env["CUDA_VISIBLE_DEVICES"] = ""
         env = keeping_freed_memory(env)
+        bounds = self.bounds(request.memory_bytes, real_gpu=device.kind == "gpu" and not device.fake)
+        tmpfs = {"/tmp": f"rw,nosuid,nodev,size={bounds.tmpfs_bytes}"}
         kwargs: dict[str, Any] = dict(
             image=image, command=["python", "-m", "worker.instance"], name=container_name(request.instance_id),
             detach=True, network_mode="host", user=self._user_of(request.function), environment=env,
-            working_dir=code_dir or None, read_only=self._read_only, tmpfs=dict(TMPFS) if self._read_only else None,
-            cap_drop=["ALL"], security_opt=["no-new-privileges"], mem_limit=request.memory_bytes,
-            pids_limit=4096, init=True,
+            working_dir=code_dir or None, read_only=self._read_only, tmpfs=tmpfs if self._read_only else None,
+            cap_drop=["ALL"], security_opt=["no-new-privileges"], mem_limit=bounds.memory_bytes,
+            memswap_limit=bounds.memory_bytes, pids_limit=bounds.pids, shm_size=bounds.tmpfs_bytes, init=True,
             mounts=[docker.types.Mount(m["target"], m["source"], type="bind", read_only=m["read_only"])
                     for m in mounts])
         if device.kind == "gpu" and not device.fake and device.uuid:
@@ -240,6 +250,13 @@ class DockerBackend:
         return adopted
 
     # ---- watching ----
+    def exit_reason(self, running: RunningInstance, memory_bytes: int) -> str | None:
+        attrs = running.handle.attrs    # as the last exit_code read them
+        if not attrs.get("State", {}).get("OOMKilled"):
+            return None
+        limit = int(attrs.get("HostConfig", {}).get("Memory") or self.bounds(memory_bytes).memory_bytes)
+        return InstanceBounds(limit, 0, limit).describe_oom(memory_bytes)
+
     def exit_code(self, running: RunningInstance) -> int | None:
         import docker
 

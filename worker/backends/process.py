@@ -33,18 +33,22 @@ from dilu import instance_protocol as protocol
 from dilu.instance_protocol import InstanceConfig
 from dilu.messages import DeviceInfo, StartInstance
 from worker.backends.base import RunningInstance, endpoint_url, inheritable_listener, signal_group
+from worker.backends.bounds import PIDS, RUNTIME_MEMORY, InstanceBounds, bounds_for
 from worker.backends.heap import keeping_freed_memory
 from worker.backends.instance_env import allowed_env
 from worker.backends.spares import Spare, SpareLaunch, SparePool, exec_time, pool_key, preload_env
-from worker.cgroups import CpuLimiter, join_group, join_group_of
+from worker.cgroups import CpuLimiter, InstanceGroups, join_group_of, join_groups
 from worker.pool import PoolSizer
-from worker.sandbox import InstanceUser, Sandboxes, become, die_with_parent
+from worker.sandbox import InstanceUser, Sandboxes, become, die_with_parent, private_temp
 from worker.uids import UidRegistry
 
 
-def _child_setup(procs_file: str | None, user: InstanceUser | None) -> Callable[[], None]:
+def _child_setup(procs_files: list[str], user: InstanceUser | None, temp_bytes: int | None = None
+                 ) -> Callable[[], None]:
     def setup() -> None:
-        join_group(procs_file)      # while still privileged enough to write the cgroup
+        join_groups(procs_files)    # while still privileged enough to write the cgroups
+        if temp_bytes is not None:
+            private_temp(temp_bytes)
         if user is not None:
             become(user.uid, user.gid)
         die_with_parent()           # after the switch: changing credentials clears it
@@ -71,13 +75,20 @@ class ProcessBackend:
                  advertise_host: str | None = None, base_env: dict[str, str] | None = None,
                  cpu: CpuLimiter | None = None, spares: int = 0, spares_max: int | None = None,
                  preload: tuple[str, ...] = (), users: UidRegistry | None = None, cpu_pool: bool = True,
-                 passed_env: tuple[str, ...] = ()) -> None:
+                 passed_env: tuple[str, ...] = (), groups: InstanceGroups | None = None,
+                 runtime_memory: int = RUNTIME_MEMORY, pids: int = PIDS) -> None:
+        """``groups``: each instance's memory and pids limits, and the end of all its processes
+        at its stop (None: unbounded); ``runtime_memory`` and ``pids``: ``bounds_for``'s. A
+        worker with ``users`` (root) also gives each instance a private /tmp and /dev/shm."""
         self._state_dir = state_dir
         self._bounds = (spares, max(spares, spares_max if spares_max is not None else spares))
         PoolSizer(*self._bounds)   # checks the bounds now, not at the first pool
         self._preload = tuple(preload)
         self._sandboxes = Sandboxes(users) if users is not None else None
         self.cpu = cpu
+        self.groups = groups
+        self._limits = (runtime_memory, pids)
+        self._bounds_of: dict[str, InstanceBounds] = {}
         self._python = python or sys.executable
         self._host = host
         self._advertise = advertise_host or host
@@ -107,8 +118,8 @@ class ProcessBackend:
             "CUDA_VISIBLE_DEVICES": device.uuid if device.kind == "gpu" and device.uuid else "",
             "PYTHONUNBUFFERED": "1",
         })
-        if home is not None:   # its own HOME and temp folder, not the worker's
-            env.update({"HOME": str(home), "TMPDIR": str(home)})
+        if home is not None:   # its own HOME, and its temp files in its own /tmp (within its memory)
+            env.update({"HOME": str(home), "TMPDIR": "/tmp"})
         if user is not None:
             env.update({"USER": user.name, "LOGNAME": user.name})
         return keeping_freed_memory(env)
@@ -124,10 +135,13 @@ class ProcessBackend:
         code, home = await asyncio.to_thread(self._place_code, request, user)
         weights = await asyncio.to_thread(self._place_weights, request, user)
         config_json = self._config_json(request, code, weights)
+        bounds = self._bounds_of[request.instance_id] = self.bounds(request, device)
+        procs = self._groups_of(request, device, bounds)
         spare = self._take_spare(request, extra_env)
         if spare is not None:
             try:
-                return self._assign(spare, request, device, config_json, code, home, log_path, extra_env, key, user)
+                return self._assign(spare, request, device, config_json, code, home, log_path, extra_env, key, user,
+                                    procs, bounds)
             finally:
                 self._refill()
         listener = inheritable_listener(self._host)
@@ -140,14 +154,34 @@ class ProcessBackend:
                                           user),
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     pass_fds=(listener.fileno(),), start_new_session=True,
-                    preexec_fn=_child_setup(self._cpu_group(request, device), user), cwd=code,
+                    preexec_fn=_child_setup(procs, user, self._temp_bytes(bounds)), cwd=code,
                 )
-        except OSError as exc:
+        except (OSError, subprocess.SubprocessError) as exc:
             raise RuntimeError(f"cannot start instance process: {exc}") from exc
         finally:
             listener.close()
         return RunningInstance(endpoint=endpoint_url(self._advertise, port) + protocol.route_prefix(key),
-                               pid=process.pid, handle=process)
+                               pid=process.pid, handle=process, instance_id=request.instance_id)
+
+    def bounds(self, request: StartInstance, device: DeviceInfo) -> InstanceBounds:
+        """What bounds the instance (``worker.backends.bounds``)."""
+        runtime_memory, pids = self._limits
+        return bounds_for(request.memory_bytes, real_gpu=device.kind == "gpu" and not device.fake,
+                          runtime_memory=runtime_memory, pids=pids)
+
+    def _temp_bytes(self, bounds: InstanceBounds) -> int | None:
+        """The size of the instance's private /tmp and /dev/shm; None: it shares the host's (a
+        worker that is not root runs every instance as its own user anyway)."""
+        return bounds.tmpfs_bytes if self._sandboxes is not None else None
+
+    def _groups_of(self, request: StartInstance, device: DeviceInfo, bounds: InstanceBounds) -> list[str]:
+        """The cgroup.procs files the instance's processes join: its CPU group (a slice on a CPU
+        worker; no quota on a GPU, whose token manager slices it) and its memory and pids groups."""
+        procs = [self._cpu_group(request, device) or (
+            self.cpu.procs_file(request.instance_id) if self.cpu is not None and self.cpu.available else None)]
+        if self.groups is not None:
+            procs += self.groups.create(request.instance_id, bounds.memory_bytes, bounds.pids)
+        return [path for path in procs if path]
 
     def _user_of(self, request: StartInstance) -> InstanceUser | None:
         """The function's own user on this host (None: instances run as the worker's user)."""
@@ -183,6 +217,7 @@ class ProcessBackend:
         if key in self._pools or self._bounds[1] == 0:
             return
         kind = "cpu" if not exec_env else f"injected{len(self._pools)}"
+        background = self._background_group()
         launch = SpareLaunch(name=f"{os.getpid()}-{kind}", python=self._python,
                              env=keeping_freed_memory(preload_env(with_injection(self._base_env, exec_env),
                                                                   self._preload)),
@@ -191,7 +226,7 @@ class ProcessBackend:
                              # Pool processes wait in the background group: refilling never slows
                              # serving down; an assigned spare moves to its instance's group and
                              # takes its function's user.
-                             preexec=_child_setup(self._background_group(), None))
+                             preexec=_child_setup([background] if background else [], None))
         self._pools[key] = SparePool(launch, PoolSizer(*self._bounds))
 
     def pool(self, exec_env: dict[str, str] | None = None) -> SparePool | None:
@@ -223,23 +258,22 @@ class ProcessBackend:
 
     def _assign(self, spare: Spare, request: StartInstance, device: DeviceInfo, config_json: str, code: str,
                 home: Path | None, log_path: Path, extra_env: dict[str, str] | None, key: str,
-                user: InstanceUser | None) -> RunningInstance:
-        # Out of the background group: a CPU instance into its slice's group; a GPU instance
-        # (sliced by its token manager) into a group of its own without a quota.
-        procs = self._cpu_group(request, device) or (
-            self.cpu.procs_file(request.instance_id) if self.cpu is not None and self.cpu.available else None)
-        if procs:
-            join_group_of(procs, spare.process.pid)
+                user: InstanceUser | None, procs: list[str], bounds: InstanceBounds) -> RunningInstance:
+        # Out of the background group into the instance's own groups, before anything of the
+        # function runs (what the spare already holds stays charged to the pool).
+        for procs_file in procs:
+            join_group_of(procs_file, spare.process.pid)
         os.replace(spare.log_path, log_path)
         env = self.instance_env(request, device, config_json, spare.fd, extra_env, key, home, user)
-        assignment = {"env": env, "cwd": code, "user": [user.uid, user.gid] if user is not None else None}
+        assignment = {"env": env, "cwd": code, "user": [user.uid, user.gid] if user is not None else None,
+                      "private_temp": self._temp_bytes(bounds)}
         try:
             spare.process.stdin.write((json.dumps(assignment) + "\n").encode())
             spare.process.stdin.close()
         except OSError as exc:
             raise RuntimeError(f"cannot hand the instance to a spare process: {exc}") from exc
         return RunningInstance(endpoint=spare.endpoint + protocol.route_prefix(key), pid=spare.process.pid,
-                               handle=spare.process)
+                               handle=spare.process, instance_id=request.instance_id)
 
     def close(self) -> None:
         """Ends the pools (instances are stopped by the worker)."""
@@ -266,6 +300,10 @@ class ProcessBackend:
         return self.cpu is not None and self.cpu.available
 
     def release(self, instance_id: str) -> None:
+        self._bounds_of.pop(instance_id, None)
+        if self.groups is not None:   # nothing of an ended instance outlives it
+            self.groups.kill_all(instance_id)
+            self.groups.remove(instance_id)
         if self.cpu is not None:
             self.cpu.remove(instance_id)
         if self._sandboxes is not None:
@@ -279,6 +317,12 @@ class ProcessBackend:
 
     def exit_code(self, running: RunningInstance) -> int | None:
         return running.handle.poll()
+
+    def exit_reason(self, running: RunningInstance, memory_bytes: int) -> str | None:
+        bounds = self._bounds_of.get(running.instance_id)
+        if bounds is None or self.groups is None or not self.groups.oom_killed(running.instance_id):
+            return None
+        return bounds.describe_oom(memory_bytes)
 
     async def stop(self, running: RunningInstance, grace_s: float) -> None:
         process: subprocess.Popen = running.handle
@@ -301,3 +345,5 @@ class ProcessBackend:
         else:
             # Whatever the instance forked must go too.
             signal_group(process.pid, signal.SIGKILL)
+        if self.groups is not None and running.instance_id:   # and what left its process group
+            await asyncio.to_thread(self.groups.kill_all, running.instance_id)

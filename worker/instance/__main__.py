@@ -38,6 +38,10 @@ def _await_assignment(listener_fd: int | None = None) -> float | None:
         return None
     assignment = json.loads(line)
     assigned_at = time.time()
+    if assignment.get("private_temp"):   # while still root: its own /tmp and /dev/shm
+        from worker.sandbox import private_temp
+
+        private_temp(int(assignment["private_temp"]))
     if assignment.get("user"):
         _become(*assignment["user"])
     os.environ.update(assignment["env"])

@@ -1,0 +1,112 @@
+"""Functions of different owners on one host, each trying the other from its own code: memory,
+processes, temp files and the open platform's gateway are fenced; the rows of the tenant-fence
+table in docs/DECISIONS.md ("Who may touch what")."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import FIXTURE_FUNCTIONS
+from tests.e2e.test_instance_user import switching_users
+from tests.waiting import eventually
+
+
+def deploy_tenant(platform, tmp_path: Path, name: str, extra: str = "") -> None:
+    source = shutil.copytree(FIXTURE_FUNCTIONS / "tenant", tmp_path / name)
+    spec = (source / "model.yaml").read_text().replace("name: tenant", f"name: {name}") + extra
+    (source / "model.yaml").write_text(spec)
+    deployed = platform.cli("deploy", str(source / "model.yaml"))
+    assert deployed.returncode == 0, deployed.stderr
+
+
+def attempt(platform, name: str, what: str, **details) -> dict:
+    reply = platform.invoke(name, {"attempt": what, **details})
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@switching_users
+def test_a_function_past_its_memory_is_killed_and_told_so(start_platform, tmp_path: Path) -> None:
+    platform = start_platform()
+    deploy_tenant(platform, tmp_path, "greedy")
+    assert attempt(platform, "greedy", "allocate", mib=64)["held_mib"] == 64       # within its memory
+    reply = platform.invoke("greedy", {"attempt": "allocate", "mib": 512})
+    assert reply.status_code != 200 and "error" in reply.json(), reply.text
+
+    def told() -> str | None:
+        described = platform.cli("describe", "greedy").stdout
+        return described if "out of memory" in described else None
+
+    described = eventually(told, timeout=60, what="the instance's out-of-memory error")
+    assert "memory limit of 384 MiB" in described and "resources.memory 128 MiB" in described, described
+
+
+@switching_users
+def test_a_function_cannot_fork_past_its_pids_bound(start_platform, tmp_path: Path) -> None:
+    platform = start_platform(env={"DILU_INSTANCE_PIDS": "40"})
+    deploy_tenant(platform, tmp_path, "forker")
+    forked = attempt(platform, "forker", "fork", count=48)
+    assert forked["refused"] > 0 and forked["forked"] < 40, forked
+    assert attempt(platform, "forker", "whoami")["uid"] > 0     # the instance itself goes on serving
+
+
+@switching_users
+def test_nothing_of_a_function_outlives_its_removal(start_platform, tmp_path: Path) -> None:
+    platform = start_platform()
+    deploy_tenant(platform, tmp_path, "lingerer")
+    daemon = attempt(platform, "lingerer", "daemon")["daemon"]
+    assert _alive(daemon)
+    assert platform.cli("rm", "lingerer").returncode == 0
+    eventually(lambda: not _alive(daemon), timeout=60, what=f"the function's daemon {daemon} to be ended")
+
+
+@switching_users
+def test_each_instance_has_a_private_tmp_and_dev_shm(start_platform, tmp_path: Path) -> None:
+    platform = start_platform()
+    deploy_tenant(platform, tmp_path, "planter")
+    # A fresh process (a PYTHON* variable is read at start-up) and a spare: both paths are fenced.
+    deploy_tenant(platform, tmp_path, "reader", "env: {PYTHONDONTWRITEBYTECODE: '1'}\n")
+    for folder in ("/tmp", "/dev/shm"):
+        planted = f"{folder}/planted-by-planter"
+        assert attempt(platform, "planter", "write", path=planted, text="from planter")["written"]
+        assert attempt(platform, "planter", "read", path=planted)["text"] == "from planter"
+        assert attempt(platform, "reader", "read", path=planted)["text"] is None
+        assert attempt(platform, "reader", "write", path=planted, text="from reader")["written"]
+        assert attempt(platform, "planter", "read", path=planted)["text"] == "from planter"
+        assert not os.path.exists(planted), "nothing of it reaches the host's own folder"
+
+
+@switching_users
+def test_an_open_platform_is_open_to_its_users_not_to_its_functions(start_platform, tmp_path: Path) -> None:
+    platform = start_platform()
+    deploy_tenant(platform, tmp_path, "insider")
+    deploy_tenant(platform, tmp_path, "victim")
+    url = platform.url
+    calls = [("GET", f"{url}/v1/keys"), ("GET", f"{url}/v1/functions/victim/logs"),
+             ("DELETE", f"{url}/v1/functions/victim"), ("POST", f"{url}/v1/keys"), ("GET", f"{url}/v1/functions")]
+    answers = attempt(platform, "insider", "call", calls=calls)["calls"]
+    for (method, path), answer in zip(calls, answers, strict=True):
+        assert answer["status"] == 403, (method, path, answer)
+        assert "no API key yet" in answer["body"] and "instance" in answer["body"], answer
+    assert platform.function("victim")["status"] == "ready"
+    assert platform.http.get("/v1/keys").status_code == 200      # the machine's own users still may
+    assert platform.http.get("/healthz").status_code == 200
+
+
+@pytest.mark.parametrize(("query", "status"), [("match=-", 200), ("match=a-b", 200), ("match=%25", 422)])
+def test_the_dashboard_filter_takes_what_its_pattern_allows(start_platform, query: str, status: int) -> None:
+    platform = start_platform()
+    reply = platform.http.get(f"/v1/dashboard?{query}")
+    assert reply.status_code == status, reply.text
