@@ -40,8 +40,17 @@ class CommonSettings(BaseSettings):
     max_artifact_bytes: int = Field(64 * 2**30, gt=0, description="Largest weights artifact the gateway accepts")
     cluster_key: str | None = Field(None, min_length=24, description="Shared secret of the roles: workers take "
                                                                      "orders only from callers that send it")
+    instance_uids: str = Field("300000-999999", description="Worker running as root: the uids (FIRST-LAST) its "
+                                                            "functions' instances run as, one per function on a "
+                                                            "host; an open gateway refuses callers of them")
     stats_flush_s: float = Field(0.5, gt=0, description="How often the gateways' request counters reach the state "
                                                         "store (the controller reads a second once it is flushed)")
+
+    @field_validator("instance_uids")
+    @classmethod
+    def _uid_range(cls, value: str) -> str:
+        parse_range(value)
+        return value
 
     @field_validator("cluster_key", mode="before")
     @classmethod
@@ -175,8 +184,6 @@ class WorkerSettings(CommonSettings):
     docker_gpu_image: str = Field("dilu/runtime-cuda:latest", description="Function runtime image of GPU instances")
     docker_user: str = Field("auto", description="uid:gid every instance container runs as (never root); auto: "
                                                  "one uid per function, from DILU_INSTANCE_UIDS")
-    instance_uids: str = Field("300000-999999", description="Worker running as root: the uids (FIRST-LAST) its "
-                                                            "functions' instances run as, one per function on a host")
     uid_registry: Path | None = Field(None, description="Where a host records which uid each function has "
                                                         "(/var/lib/dilu/instance-uids.json when unset)")
     instance_env_pass: str = Field("", max_length=2000, description="Names (comma-separated) of worker environment "
@@ -248,12 +255,6 @@ class WorkerSettings(CommonSettings):
     @classmethod
     def _runtime_memory(cls, value: Any) -> int:
         return 0 if value in (0, "0") else parse_memory(value)
-
-    @field_validator("instance_uids")
-    @classmethod
-    def _uid_range(cls, value: str) -> str:
-        parse_range(value)
-        return value
 
     @field_validator("docker_user")
     @classmethod

@@ -4,7 +4,8 @@ Authentication is on once a key has ever been made (in the database, or ``DILU_A
 revoking every key does not turn it off again (``dilu keys reopen``, on the database, does).
 Before that the platform is open, which only a gateway on a loopback address may be (``roles``
 refuses to start one on any other address, and such a gateway stays closed for its whole life),
-and an open platform answers only loopback names and its own pages (``gateway.origin``). Keys
+and an open platform answers only loopback names and its own pages (``gateway.origin``), and
+only this machine's users, not its functions' instances (``gateway.peers``). Keys
 are read from the database into memory and refreshed periodically and on a miss, so checking a
 key costs no I/O on the hot path.
 """
@@ -25,6 +26,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from dilu.db import repo
 from dilu.keys import Need, allows, parse, secret_matches
 from gateway.origin import refusal
+from gateway.peers import PeerUids
 
 if TYPE_CHECKING:   # the services hold the authenticator: a cycle at run time
     from gateway.services import GatewayServices
@@ -47,8 +49,11 @@ class Denied:
 
 class Authenticator:
     def __init__(self, sessions: sessionmaker[Session], admin_key: str | None = None,
-                 always_closed: bool = False) -> None:
+                 always_closed: bool = False, instance_uids: tuple[int, int] | None = None) -> None:
+        """``instance_uids``: the range instances run as; an open platform refuses their callers."""
         self._sessions = sessions
+        self._instance_uids = instance_uids
+        self._peers = PeerUids()
         self._admin_key = admin_key
         self._always_closed = always_closed    # a gateway reachable from other machines
         self._keys: dict[str, tuple[str, tuple[str, ...]]] = {}   # id -> (secret hash, scopes)
@@ -68,6 +73,20 @@ class Authenticator:
 
     async def refresh(self) -> None:
         self._keys, self._ever_keyed = await asyncio.to_thread(self._load)
+
+    def instance_refusal(self, client: tuple[str, int] | None, server: tuple[str, int] | None) -> str | None:
+        """Why an open platform refuses this caller: its socket is an instance's. Open means open to
+        this machine's users; a function must not reach the platform's keys, bundles and other
+        functions, nor mint the first admin key and lock its owner out."""
+        if self._instance_uids is None or client is None or server is None:
+            return None
+        uid = self._peers.of(tuple(client), tuple(server))
+        first, last = self._instance_uids
+        if uid is None or not first <= uid <= last:
+            return None
+        return ("this platform has no API key yet, so it answers only this machine's users, and this request "
+                f"comes from a function's instance (uid {uid}); create a key (`dilu keys create NAME --scope "
+                "admin`) and give the function one")
 
     async def check(self, authorization: str | None, need: Need, function: str | None = None) -> Denied | None:
         """None when the request may proceed."""
@@ -165,7 +184,8 @@ class AuthGate:
         if scope["type"] == "http":
             services = self._services_of()
             if not services.auth.required and scope["path"] != "/healthz":
-                why = refusal(scope["method"], _origin_headers(scope["headers"]))
+                why = refusal(scope["method"], _origin_headers(scope["headers"])) or \
+                    services.auth.instance_refusal(scope.get("client"), scope.get("server"))
                 if why is not None:
                     await _send_denied(send, Denied(403, why))
                     return

@@ -18,7 +18,7 @@ import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
 from dilu.addresses import is_loopback
-from dilu.config import GatewaySettings
+from dilu.config import GatewaySettings, parse_range
 from dilu.db import repo
 from dilu.db.models import InstanceRow
 from dilu.default_impl import create_scheduler
@@ -147,7 +147,8 @@ class GatewayServices:
         self.activity = ActivityRecorder(self.routing)
         self.forwarder = Forwarder()
         self.scheduler = create_scheduler(settings.scheduler)  # admits resizes as placements are admitted
-        self.auth = Authenticator(sessions, settings.admin_key, always_closed=not is_loopback(settings.host))
+        self.auth = Authenticator(sessions, settings.admin_key, always_closed=not is_loopback(settings.host),
+                                  instance_uids=parse_range(settings.instance_uids))
         self.latency = LatencyWindow()     # the dashboard's p99 of what it served, end to end
         self.stream_times = StreamTimes()  # time to first chunk and between chunks, for describe
         # What a request takes once an instance has it (waits for a cold start left out): the

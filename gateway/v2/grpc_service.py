@@ -106,9 +106,14 @@ def decode(model: Model, request: Any) -> Inference:
 class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     def __init__(self, services_of: Callable[[], GatewayServices]) -> None:
         self._services_of = services_of
+        self.listening: tuple[str, int] | None = None    # (host, port), once bound
 
     async def _check(self, context: grpc.aio.ServicerContext, need: Need, model: str) -> None:
         services = self._services_of()
+        if not services.auth.required:
+            why = services.auth.instance_refusal(_peer_address(context.peer()), self.listening)
+            if why is not None:
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
         header = dict(context.invocation_metadata() or ()).get("authorization")
         denied = await services.auth.check(header, need, model)
         if denied is not None:
@@ -228,13 +233,23 @@ def _response(result: Result, final: bool | None = None) -> service_pb2.ModelInf
     return response
 
 
+def _peer_address(peer: str) -> tuple[str, int] | None:
+    """("127.0.0.1", 5555) from gRPC's "ipv4:127.0.0.1:5555" (or "ipv6:[::1]:5555")."""
+    kind, _, rest = peer.partition(":")
+    host, _, port = rest.rpartition(":")
+    if kind not in ("ipv4", "ipv6") or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
 async def start_grpc(host: str, port: int, services_of: Callable[[], GatewayServices],
                      max_message_bytes: int) -> tuple[grpc.aio.Server, int]:
     """A started gRPC server on ``host:port`` (0: a free port) and the port it took."""
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", max_message_bytes),
                                       ("grpc.max_send_message_length", -1),
                                       ("grpc.so_reuseport", 0)])
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(services_of), server)
+    servicer = InferenceService(services_of)
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         bound = server.add_insecure_port(address)
@@ -242,5 +257,6 @@ async def start_grpc(host: str, port: int, services_of: Callable[[], GatewayServ
         raise OSError(f"cannot listen on {address} for gRPC: {exc}") from None
     if bound == 0:
         raise OSError(f"cannot listen on {address} for gRPC (is the port taken?)")
+    servicer.listening = (host, bound)
     await server.start()
     return server, bound

@@ -100,6 +100,8 @@ def test_an_open_platform_is_open_to_its_users_not_to_its_functions(start_platfo
     for (method, path), answer in zip(calls, answers, strict=True):
         assert answer["status"] == 403, (method, path, answer)
         assert "no API key yet" in answer["body"] and "instance" in answer["body"], answer
+    refused = attempt(platform, "insider", "grpc_metadata", address=platform.grpc_address, model="victim")
+    assert refused["status"] == "StatusCode.PERMISSION_DENIED" and "no API key yet" in refused["message"], refused
     assert platform.function("victim")["status"] == "ready"
     assert platform.http.get("/v1/keys").status_code == 200      # the machine's own users still may
     assert platform.http.get("/healthz").status_code == 200
