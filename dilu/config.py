@@ -194,6 +194,9 @@ class WorkerSettings(CommonSettings):
         "(bytes, or 256Mi, 1Gi): past both the kernel kills it, and its error names the limit"))
     instance_pids: int = Field(1024, ge=16, le=1_000_000, description="Processes and threads one instance may "
                                                                      "have at once")
+    stream_stall_s: float = Field(30.0, gt=0, le=3600, description="A stream whose caller reads none of its "
+                                                                   "waiting chunks for this long is ended at the "
+                                                                   "instance (it stops being stepped sooner)")
     docker_read_only: bool = Field(True, description="Read-only root filesystem for instance containers "
                                                      "(a tmpfs at /tmp)")
     heartbeat_s: float = Field(1.0, gt=0)

@@ -62,10 +62,11 @@ class InstanceConfig:
     outputs: dict[str, str] | None = None
     shapes: dict[str, list[int]] | None = None   # declared input shapes (-1: any size), checked on JSON input
     weights: str | None = None   # the safetensors file of the spec's weights, as the instance sees it
+    stream_stall_s: float = 30.0   # a stream whose caller reads nothing for this long is ended
 
     @classmethod
     def for_spec(cls, instance_id: str, function: str, spec: Mapping[str, Any], source_dir: str,
-                 weights: str | None = None) -> InstanceConfig:
+                 weights: str | None = None, stream_stall_s: float = 30.0) -> InstanceConfig:
         """The configuration of an instance of ``spec`` (the function's spec as a dict), its
         weights at ``weights`` when it has them."""
         def declared(tensors: list[dict[str, Any]] | None) -> dict[str, str] | None:
@@ -77,7 +78,7 @@ class InstanceConfig:
                    arrays=spec.get("arrays"), inputs=declared(spec.get("inputs")),
                    outputs=declared(spec.get("outputs")),
                    shapes={t["name"]: list(t["shape"]) for t in spec.get("inputs") or []} or None,
-                   weights=weights or None)
+                   weights=weights or None, stream_stall_s=stream_stall_s)
 
     @classmethod
     def from_file(cls, path: str) -> InstanceConfig:

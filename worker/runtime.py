@@ -23,7 +23,7 @@ def create_backend(settings: WorkerSettings) -> RuntimeBackend:
         return ProcessBackend(state_dir=settings.home, python=settings.python, host=settings.host,
                               advertise_host=settings.effective_advertise_host, cpu=CpuLimiter(),
                               groups=InstanceGroups(), runtime_memory=settings.instance_runtime_memory,
-                              pids=settings.instance_pids,
+                              pids=settings.instance_pids, stream_stall_s=settings.stream_stall_s,
                               spares=settings.spare_processes, spares_max=settings.spare_max,
                               preload=tuple(m.strip() for m in settings.spare_preload.split(",") if m.strip()),
                               users=users, cpu_pool=False,    # each worker agent prepares the pool it needs

@@ -4,6 +4,7 @@ table in docs/DECISIONS.md ("Who may touch what")."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -112,3 +113,47 @@ def test_the_dashboard_filter_takes_what_its_pattern_allows(start_platform, quer
     platform = start_platform()
     reply = platform.http.get(f"/v1/dashboard?{query}")
     assert reply.status_code == status, reply.text
+
+
+def _resident_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def test_a_stream_nobody_reads_stops_being_made_and_ends(start_platform, tmp_path: Path) -> None:
+    import socket
+    from urllib.parse import urlsplit
+
+    platform = start_platform(env={"DILU_STREAM_STALL_S": "3"})
+    source = shutil.copytree(FIXTURE_FUNCTIONS / "flood_stream", tmp_path / "flood")
+    assert platform.cli("deploy", str(source / "model.yaml")).returncode == 0
+    platform.wait_ready("flood")
+
+    def first_chunk() -> dict:
+        with platform.http.stream("POST", "/v1/functions/flood/invoke", json={},
+                                  headers={"accept": "text/event-stream"}) as reply:
+            assert reply.status_code == 200
+            return json.loads(next(reply.iter_lines()).removeprefix("data: "))
+
+    pid = first_chunk()["pid"]
+    before = _resident_mib(pid)
+    address = urlsplit(platform.url)
+    request = (f"POST /v1/functions/flood/invoke HTTP/1.1\r\nHost: {address.netloc}\r\n"
+               "Accept: text/event-stream\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}").encode()
+    readers = []
+    for _ in range(2):                 # they ask, then never read
+        reader = socket.create_connection((address.hostname, address.port))
+        reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        reader.sendall(request)
+        readers.append(reader)
+    try:
+        eventually(lambda: platform.cli("logs", "flood").stdout.count("stream ended") >= 2, timeout=120,
+                   what="the instance to end both unread streams")
+        grown = _resident_mib(pid) - before
+        assert grown < 48, f"the instance holds {grown:.0f} MiB more for two unread streams"
+        assert first_chunk()["n"] == 1, "it goes on serving a caller that reads"
+    finally:
+        for reader in readers:
+            reader.close()

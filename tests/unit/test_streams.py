@@ -113,3 +113,75 @@ async def test_a_plain_request_gets_the_whole_answer_and_a_stream_its_events() -
         assert events == [b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n"]
     assert stream_kind("text/event-stream") == "sse" and stream_kind("application/x-ndjson") == "ndjson"
     assert stream_kind("application/json") is None and stream_kind(None) is None
+
+
+class Endless:
+    """Streams 1, 2, 3, ... for as long as it is stepped; records each step's batch size."""
+
+    def __init__(self) -> None:
+        self.batches: list[int] = []
+
+    def start(self, request: dict) -> dict:
+        return {"at": 0}
+
+    def step(self, states: list[dict]) -> list:
+        self.batches.append(len(states))
+        for state in states:
+            state["at"] += 1
+        return [state["at"] for state in states]
+
+
+async def _until(condition) -> None:
+    while not condition():
+        await asyncio.sleep(0)     # the runner's turn: no time passes
+
+
+async def test_an_unread_stream_leaves_the_batch_once_its_fill_waits_and_rejoins_when_read() -> None:
+    from worker.instance.streams import MAX_WAITING_CHUNKS
+
+    handler = Endless()
+    runner = StreamRunner(handler, max_batch_size=2)
+    task = asyncio.create_task(runner.run())
+    try:
+        unread, read = runner.submit({}), runner.submit({})
+        got = []
+        async for chunk in read.chunks():
+            got.append(chunk)
+            if len(got) == 3 * MAX_WAITING_CHUNKS:
+                break
+        assert unread.chunks_made == MAX_WAITING_CHUNKS, "an unread stream is stepped only until its fill waits"
+        assert handler.batches[-1] == 1, "the batch went on without it"
+        reader = unread.chunks()
+        assert [await anext(reader) for _ in range(MAX_WAITING_CHUNKS)] == list(range(1, MAX_WAITING_CHUNKS + 1))
+        await _until(lambda: unread.chunks_made > MAX_WAITING_CHUNKS)    # read, it is stepped again
+        unread.cancel()
+        read.cancel()
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_a_stream_whose_caller_reads_nothing_is_ended_and_its_chunks_dropped() -> None:
+    from worker.instance.streams import MAX_WAITING_CHUNKS
+
+    now = [100.0]
+    runner = StreamRunner(Endless(), max_batch_size=2, stall_s=30.0, clock=lambda: now[0])
+    task = asyncio.create_task(runner.run())
+    try:
+        stalled = runner.submit({})
+        await _until(lambda: stalled.full)
+        now[0] += 29.0
+        runner.submit({}).cancel()          # wakes the runner: not yet stalled
+        await _until(lambda: runner._waiting.empty())
+        assert runner.stalled == 0 and stalled.chunks_made == MAX_WAITING_CHUNKS
+        now[0] += 1.0
+        runner.submit({}).cancel()
+        await _until(lambda: runner.stalled == 1)
+        with pytest.raises(BatchError, match="read none of its last 64 chunks for 30 s") as ended:
+            await _collect(stalled)
+        assert ended.value.status == 504, "what it held is dropped: the error comes first"
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

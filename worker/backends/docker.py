@@ -108,8 +108,10 @@ class DockerBackend:
 
     def __init__(self, *, client: Any, cpu_image: str, gpu_image: str, user: str, host: str,
                  advertise_host: str, read_only: bool = True, cores: int | None = None,
-                 users: Any = None, runtime_memory: int = RUNTIME_MEMORY, pids: int = PIDS) -> None:
+                 users: Any = None, runtime_memory: int = RUNTIME_MEMORY, pids: int = PIDS,
+                 stream_stall_s: float = 30.0) -> None:
         self._client = client
+        self._stream_stall_s = stream_stall_s
         self._limits = (runtime_memory, pids)
         self._cpu_image = cpu_image
         self._gpu_image = gpu_image
@@ -145,7 +147,7 @@ class DockerBackend:
         return cls(client=client, cpu_image=settings.docker_image, gpu_image=settings.docker_gpu_image,
                    user=settings.docker_user, host=settings.host, advertise_host=settings.effective_advertise_host,
                    read_only=settings.docker_read_only, users=users, runtime_memory=settings.instance_runtime_memory,
-                   pids=settings.instance_pids)
+                   pids=settings.instance_pids, stream_stall_s=settings.stream_stall_s)
 
     def bounds(self, memory_bytes: int, real_gpu: bool = False) -> InstanceBounds:
         """What bounds an instance: the process runtime's numbers (``worker.backends.bounds``)."""
@@ -200,7 +202,8 @@ class DockerBackend:
         weights = WEIGHTS_FILE if request.weights_path else ""
         if weights:
             mounts.append({"source": request.weights_path, "target": WEIGHTS_FILE, "read_only": True})
-        config = InstanceConfig.for_spec(request.instance_id, request.function, spec, code_dir, weights)
+        config = InstanceConfig.for_spec(request.instance_id, request.function, spec, code_dir, weights,
+                                         self._stream_stall_s)
         env = dict(spec.get("env") or {})
         env.update(injected)
         env.update({

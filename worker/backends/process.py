@@ -76,7 +76,7 @@ class ProcessBackend:
                  cpu: CpuLimiter | None = None, spares: int = 0, spares_max: int | None = None,
                  preload: tuple[str, ...] = (), users: UidRegistry | None = None, cpu_pool: bool = True,
                  passed_env: tuple[str, ...] = (), groups: InstanceGroups | None = None,
-                 runtime_memory: int = RUNTIME_MEMORY, pids: int = PIDS) -> None:
+                 runtime_memory: int = RUNTIME_MEMORY, pids: int = PIDS, stream_stall_s: float = 30.0) -> None:
         """``groups``: each instance's memory and pids limits, and the end of all its processes
         at its stop (None: unbounded); ``runtime_memory`` and ``pids``: ``bounds_for``'s. A
         worker with ``users`` (root) also gives each instance a private /tmp and /dev/shm."""
@@ -89,6 +89,7 @@ class ProcessBackend:
         self.groups = groups
         self._limits = (runtime_memory, pids)
         self._bounds_of: dict[str, InstanceBounds] = {}
+        self._stream_stall_s = stream_stall_s
         self._python = python or sys.executable
         self._host = host
         self._advertise = advertise_host or host
@@ -134,7 +135,7 @@ class ProcessBackend:
         user = self._user_of(request)
         code, home = await asyncio.to_thread(self._place_code, request, user)
         weights = await asyncio.to_thread(self._place_weights, request, user)
-        config_json = self._config_json(request, code, weights)
+        config_json = self._config_json(request, code, weights, self._stream_stall_s)
         bounds = self._bounds_of[request.instance_id] = self.bounds(request, device)
         procs = self._groups_of(request, device, bounds)
         spare = self._take_spare(request, extra_env)
@@ -203,9 +204,10 @@ class ProcessBackend:
         return str(self._sandboxes.place_weights(request.instance_id, request.weights_path))
 
     @staticmethod
-    def _config_json(request: StartInstance, source_dir: str, weights: str = "") -> str:
+    def _config_json(request: StartInstance, source_dir: str, weights: str = "", stream_stall_s: float = 30.0) -> str:
         spec = request.spec
-        config = InstanceConfig.for_spec(request.instance_id, request.function, spec, source_dir, weights)
+        config = InstanceConfig.for_spec(request.instance_id, request.function, spec, source_dir, weights,
+                                         stream_stall_s)
         return json.dumps(asdict(config))
 
     # ---- runtime pools ----

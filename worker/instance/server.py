@@ -214,7 +214,8 @@ async def _load_then_serve_batches(state: RuntimeState) -> None:
         return
     state.handler = handler
     if is_streaming(handler):
-        state.streams = StreamRunner(handler, max_batch_size=config.max_batch_size, executor=executor)
+        state.streams = StreamRunner(handler, max_batch_size=config.max_batch_size, executor=executor,
+                                     stall_s=config.stream_stall_s)
     else:
         state.batcher = Batcher(handler.predict, max_batch_size=config.max_batch_size,
                                 max_wait_s=config.max_wait_ms / 1000.0, executor=executor)

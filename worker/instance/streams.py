@@ -11,12 +11,18 @@ within one step.
 
 A ``start`` that raises fails that request only; a ``step`` that raises fails every request in
 the batch (a step is one call for all of them, so there is no telling which one broke it).
+
+Backpressure: a stream whose caller has not read ``MAX_WAITING_CHUNKS`` of its chunks is left
+out of the next steps until it reads (the batch goes on without it), and one that reads nothing
+for ``stall_s`` is ended, its waiting chunks dropped: a caller that stops reading holds at most
+that many chunks of the instance's memory, and never its handler's time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
@@ -27,6 +33,7 @@ from dilu.handler import InputError, Last
 from worker.instance.batcher import BatchError, as_error
 
 _END = object()
+MAX_WAITING_CHUNKS = 64
 
 
 def is_streaming(handler: Any) -> bool:
@@ -43,16 +50,30 @@ class Stream:
     chunks_made: int = 0
     failure: BatchError | None = None     # set when it ended in an error before any chunk
     batch_sizes: list[int] = field(default_factory=list)
+    full_since: float | None = None       # monotonic time its caller last left MAX_WAITING_CHUNKS unread
+    on_read: Callable[[], None] = lambda: None    # its runner's wake-up: a full stream has room again
     _queue: asyncio.Queue = field(default_factory=asyncio.Queue)
 
     def cancel(self) -> None:
         self.cancelled = True
 
-    def put(self, chunk: Any) -> None:
+    @property
+    def full(self) -> bool:
+        """Whether its caller has left as many chunks unread as a stream may hold."""
+        return self._queue.qsize() >= MAX_WAITING_CHUNKS
+
+    def put(self, chunk: Any, now: float) -> None:
+        """Queues its next chunk, made at ``now`` (the runner's clock)."""
         self.chunks_made += 1
         self._queue.put_nowait(chunk)
+        if self.full and self.full_since is None:
+            self.full_since = now
 
-    def end(self, error: BaseException | None = None) -> None:
+    def end(self, error: BaseException | None = None, drop_waiting: bool = False) -> None:
+        """Its last item: the end, or ``error``; ``drop_waiting``: the chunks not yet read go."""
+        if drop_waiting:
+            while not self._queue.empty():
+                self._queue.get_nowait()
         if error is None:
             self._queue.put_nowait(_END)
             return
@@ -65,6 +86,9 @@ class Stream:
         """The chunks until the last; a failure is raised as ``BatchError``."""
         while True:
             item = await self._queue.get()
+            if self.full_since is not None and not self.full:
+                self.full_since = None
+                self.on_read()
             if item is _END:
                 return
             if isinstance(item, BatchError):
@@ -76,16 +100,22 @@ class StreamRunner:
     """Runs a streaming handler's batch, one step at a time, on ``executor`` (one thread)."""
 
     def __init__(self, handler: Any, *, max_batch_size: int, executor: Executor | None = None,
-                 on_step: Callable[[int], None] | None = None) -> None:
+                 on_step: Callable[[int], None] | None = None, stall_s: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._handler = handler
         self._max = max_batch_size
         self._executor = executor
         self._waiting: asyncio.Queue[tuple[Stream, Any]] = asyncio.Queue()
         self._on_step = on_step or (lambda _size: None)
+        self._stall_s = stall_s
+        self._clock = clock
+        self._wake = asyncio.Event()     # a full stream was read, or a request arrived
+        self.stalled = 0                 # streams ended because their callers stopped reading
 
     def submit(self, request: Any) -> Stream:
-        stream = Stream()
+        stream = Stream(on_read=self._wake.set)
         self._waiting.put_nowait((stream, request))
+        self._wake.set()
         return stream
 
     async def run(self) -> None:
@@ -100,8 +130,38 @@ class StreamRunner:
             while len(running) + len(arrivals) < self._max and not self._waiting.empty():
                 arrivals.append(self._waiting.get_nowait())
             running += await self._admit(loop, arrivals)
-            if running:
-                running = await self._step(loop, running)
+            running = self._end_stalled(running)
+            ready = [pair for pair in running if not pair[0].full]
+            if ready:
+                held = [pair for pair in running if pair[0].full]   # before the step: a read meanwhile frees one
+                running = await self._step(loop, ready) + held
+            elif running:   # every caller has its fill unread: wait for one to read, or to stall
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout=self._next_stall(running))
+                except TimeoutError:
+                    pass
+
+    def _end_stalled(self, running: list[tuple[Stream, Any]]) -> list[tuple[Stream, Any]]:
+        """Ends the streams whose callers read nothing for ``stall_s``; the others go on."""
+        now, still = self._clock(), []
+        for stream, state in running:
+            if stream.full_since is not None and now - stream.full_since >= self._stall_s:
+                self.stalled += 1
+                print(f"dilu: a stream's caller read none of its last {MAX_WAITING_CHUNKS} chunks for "
+                      f"{self._stall_s:g} s: stream ended", file=sys.stderr, flush=True)
+                stream.cancel()
+                stream.end(BatchError(f"the stream's caller read none of its last {MAX_WAITING_CHUNKS} chunks for "
+                                      f"{self._stall_s:g} s: ended", status=504), drop_waiting=True)
+            else:
+                still.append((stream, state))
+        return still
+
+    def _next_stall(self, running: list[tuple[Stream, Any]]) -> float:
+        """Seconds until the first of these full streams would stall."""
+        now = self._clock()
+        return max(0.0, min(stream.full_since + self._stall_s - now for stream, _ in running
+                            if stream.full_since is not None))
 
     async def _admit(self, loop: asyncio.AbstractEventLoop,
                      arrivals: list[tuple[Stream, Any]]) -> list[tuple[Stream, Any]]:
@@ -130,17 +190,17 @@ class StreamRunner:
                 stream.end(exc)
             return []
         self._on_step(len(running))
-        still = []
+        still, now = [], self._clock()
         for (stream, state), chunk in zip(running, chunks, strict=True):
             stream.batch_sizes.append(len(running))
             if isinstance(chunk, InputError):
                 stream.end(chunk)
             elif isinstance(chunk, Last):
                 if chunk.chunk is not None:
-                    stream.put(chunk.chunk)
+                    stream.put(chunk.chunk, now)
                 stream.end()
             else:
-                stream.put(chunk)
+                stream.put(chunk, now)
                 still.append((stream, state))
         return still
 
