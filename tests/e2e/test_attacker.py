@@ -7,8 +7,10 @@ function allows it, and the reply says so."""
 from __future__ import annotations
 
 import io
+import os
 import shutil
 import tarfile
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -204,7 +206,10 @@ def test_retries_are_the_functions_choice_and_the_reply_says_so(start_platform, 
         return len([i for i in platform.instances(name) if i["state"] == "ready"]) == 2
 
     eventually(lambda: two_ready("dies-once"), timeout=120, what="two instances")
-    marker = Path(f"/tmp/dilu-dies-once-{uuid.uuid4().hex}")
+    # Each instance has a /tmp of its own: the marker both must see lives where the host's is.
+    shared = Path(tempfile.mkdtemp(prefix="dilu-dies-once-", dir="/run" if os.geteuid() == 0 else None))
+    shared.chmod(0o777)
+    marker = shared / uuid.uuid4().hex
     try:
         reply = platform.invoke("dies-once", {"marker": str(marker)})     # latency class: retried
         assert reply.status_code == 200, reply.text
@@ -219,10 +224,10 @@ def test_retries_are_the_functions_choice_and_the_reply_says_so(start_platform, 
     eventually(lambda: platform.function("dies-once")["version"] == 2 and two_ready("dies-once")
                and all(i["version"] == 2 for i in platform.instances("dies-once") if i["state"] == "ready"),
                timeout=120, what="version 2's instances")
-    marker = Path(f"/tmp/dilu-dies-once-{uuid.uuid4().hex}")
+    marker = shared / uuid.uuid4().hex
     try:
         reply = platform.invoke("dies-once", {"marker": str(marker)})
         assert reply.status_code == 502 and "not retried" in reply.json()["error"], reply.text
         assert "x-dilu-retried" not in reply.headers and marker.exists()     # it ran once, and only once
     finally:
-        marker.unlink(missing_ok=True)
+        shutil.rmtree(shared)
