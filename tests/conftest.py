@@ -53,12 +53,14 @@ def redis_prefix() -> str:
 
 @pytest.fixture
 def instance_visible_dir():
-    """A folder instance processes can see into (pytest's own temp folders are 0700 and a root
-    worker's instances run as nobody): for files a test hands to a function."""
+    """A folder instance processes can read and write (pytest's own temp folders are 0700, a
+    root worker's instances run as other users, and each has a /tmp of its own, so the folder
+    lives under /run when the tests run as root): for files a test shares with functions."""
+    import os
     import shutil
     import tempfile
 
-    folder = Path(tempfile.mkdtemp(prefix="dilu-test-shared-"))
-    folder.chmod(0o755)
+    folder = Path(tempfile.mkdtemp(prefix="dilu-test-shared-", dir="/run" if os.geteuid() == 0 else None))
+    folder.chmod(0o777)
     yield folder
     shutil.rmtree(folder, ignore_errors=True)

@@ -7,10 +7,8 @@ function allows it, and the reply says so."""
 from __future__ import annotations
 
 import io
-import os
 import shutil
 import tarfile
-import tempfile
 import uuid
 from pathlib import Path
 
@@ -196,7 +194,8 @@ def test_the_cli_prints_what_functions_produce_as_plain_text(start_platform, tmp
     assert "\x1b]8;" not in logs.stdout + described.stdout      # no terminal hyperlink was drawn
 
 
-def test_retries_are_the_functions_choice_and_the_reply_says_so(start_platform, tmp_path: Path) -> None:
+def test_retries_are_the_functions_choice_and_the_reply_says_so(start_platform, tmp_path: Path,
+                                                                instance_visible_dir: Path) -> None:
     platform = start_platform()
     source = shutil.copytree(FIXTURE_FUNCTIONS / "dies_once", tmp_path / "dies")
     deployed = platform.cli("deploy", str(source / "model.yaml"))
@@ -206,9 +205,7 @@ def test_retries_are_the_functions_choice_and_the_reply_says_so(start_platform, 
         return len([i for i in platform.instances(name) if i["state"] == "ready"]) == 2
 
     eventually(lambda: two_ready("dies-once"), timeout=120, what="two instances")
-    # Each instance has a /tmp of its own: the marker both must see lives where the host's is.
-    shared = Path(tempfile.mkdtemp(prefix="dilu-dies-once-", dir="/run" if os.geteuid() == 0 else None))
-    shared.chmod(0o777)
+    shared = instance_visible_dir        # both instances must see the marker
     marker = shared / uuid.uuid4().hex
     try:
         reply = platform.invoke("dies-once", {"marker": str(marker)})     # latency class: retried
@@ -230,4 +227,4 @@ def test_retries_are_the_functions_choice_and_the_reply_says_so(start_platform, 
         assert reply.status_code == 502 and "not retried" in reply.json()["error"], reply.text
         assert "x-dilu-retried" not in reply.headers and marker.exists()     # it ran once, and only once
     finally:
-        shutil.rmtree(shared)
+        marker.unlink(missing_ok=True)

@@ -20,6 +20,7 @@ import pytest
 from tests.conftest import FIXTURE_FUNCTIONS, ROOT
 from tests.platform import Platform
 from tests.waiting import eventually
+from worker.backends.bounds import RUNTIME_MEMORY
 
 RUNTIME_IMAGE = "dilu/runtime-cpu:latest"
 
@@ -82,7 +83,7 @@ def test_bundle_container_kill_resize_adopt(tmp_path: Path, whoami_folder: Path)
         container = one_container("whoami")
         host = container["HostConfig"]
         assert host["NetworkMode"] == "host" and host["ReadonlyRootfs"] is True
-        assert host["CapDrop"] == ["ALL"] and host["Memory"] == 256 * 2**20
+        assert host["CapDrop"] == ["ALL"] and host["Memory"] == 256 * 2**20 + RUNTIME_MEMORY
         assert container["Config"]["User"] not in ("", "0", "root", "0:0")
         code = [m for m in container["Mounts"] if m["Destination"] == "/opt/dilu/function"]
         assert len(code) == 1 and code[0]["RW"] is False

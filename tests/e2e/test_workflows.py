@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
@@ -209,7 +208,7 @@ def test_a_root_called_at_a_steady_rhythm_is_released_and_prewarmed_between_requ
 
 
 def test_a_node_whose_loading_slows_the_running_node_is_loaded_before_the_next_request(
-        start_platform, tmp_path: Path) -> None:
+        start_platform, tmp_path: Path, instance_visible_dir: Path) -> None:
     """``busy`` stands for what loading and serving share on a host (its cores): while the leaf
     loads, the root ``s`` running beside it takes 0.6 s longer. The leaf's 0.3 s load hides in
     the 1.3 s of its parent ``a``, so by its own wait it would be loaded in the slack every time
@@ -218,9 +217,7 @@ def test_a_node_whose_loading_slows_the_running_node_is_loaded_before_the_next_r
     in the slack), that cost makes the rule release the leaf after each request and load it
     again before the next one."""
     platform = start_platform()
-    shared = Path(tempfile.mkdtemp(prefix="dilu-busy-"))
-    shared.chmod(0o777)      # instances run as another user when the worker is root
-    busy = shared / "busy"
+    busy = instance_visible_dir / "busy"
     always, briefly = ("min_instances: 0", "min_instances: 1"), ("keep_alive_s: 300", "keep_alive_s: 1")
     _deploy_step(platform, tmp_path, "parent", "{op: add, sleep_s: 1.3}", always)
     _deploy_step(platform, tmp_path, "slowed", f"{{op: add, sleep_s: 1.2, busy_file: '{busy}', busy_extra_s: 0.6}}",
@@ -301,7 +298,8 @@ def test_a_node_done_mid_request_leaves_when_its_memory_outweighs_a_stop_beside_
         assert ended > long_done, (latest, long_done)
 
 
-def test_a_request_slower_than_its_plan_keeps_the_nodes_it_still_needs(start_platform, tmp_path: Path) -> None:
+def test_a_request_slower_than_its_plan_keeps_the_nodes_it_still_needs(start_platform, tmp_path: Path,
+                                                                        instance_visible_dir: Path) -> None:
     """Every 4 s, a root that answers at once before a leaf whose 0.3 s load would show: the leaf
     is released after each request and pre-warmed before the next. Then one request's root runs
     2 s longer than it ever did. The leaf, loaded for that request, stays loaded until the request
@@ -311,9 +309,8 @@ def test_a_request_slower_than_its_plan_keeps_the_nodes_it_still_needs(start_pla
     (30 s): the controller hears of the request's hold only because the request tells it at
     once, not from the pre-warm's own expectation, which ends about as the request arrives."""
     platform = start_platform(env={"DILU_STATS_FLUSH_S": "30"})
-    shared = Path(tempfile.mkdtemp(prefix="dilu-gate-"))
-    shared.chmod(0o777)      # instances run as another user when the worker is root
-    gate = shared / "gate"
+    gate = instance_visible_dir / "gate"
+    started = instance_visible_dir / "gate.started"     # the handler writes it when it holds at the gate
     gate.write_text("open")
     _deploy_step(platform, tmp_path, "gated", f"{{op: add, gate_file: '{gate}'}}", ("min_instances: 0",
                                                                                     "min_instances: 1"))
@@ -325,13 +322,13 @@ def test_a_request_slower_than_its_plan_keeps_the_nodes_it_still_needs(start_pla
     assert platform.http.get("/v1/workflows/late").json()["keep"]["b"]["verdict"] == "prewarm"
     eventually(lambda: _ready(platform, "after"), timeout=4, what="the leaf to be loaded again before the next request")
     gate.unlink()
-    (shared / "gate.started").unlink()
+    started.unlink()
     time.sleep(max(0.0, first + 12 - time.time()))
     sent = time.time()
     with ThreadPoolExecutor(1) as sender:
         reply = sender.submit(platform.http.post, "/v1/workflows/late/invoke", params={"timings": "true"},
                               json={"x": 1})
-        eventually(lambda: (shared / "gate.started").exists(), timeout=10, what="the root to hold the request")
+        eventually(lambda: started.exists(), timeout=10, what="the root to hold the request")
         time.sleep(2.0)     # the root runs 2 s longer than its history says: the workload, not a wait for state
         gate.write_text("open")
         answer = reply.result(timeout=30).json()

@@ -11,6 +11,7 @@ from dilu.config import WorkerSettings
 from dilu.instance_protocol import InstanceEnvironment
 from dilu.messages import DeviceInfo
 from tests.builders import make_start
+from worker.backends.bounds import PIDS, RUNTIME_MEMORY
 from worker.backends.docker import DockerBackend, signal_exit_code, translate_injection
 from worker.backends.heap import TUNABLES
 
@@ -36,7 +37,9 @@ def test_cpu_instance_is_isolated_and_gets_its_code_read_only() -> None:
     assert kwargs["image"] == "dilu/runtime-cpu" and kwargs["network_mode"] == "host"
     assert kwargs["user"] == "10001:10001" and kwargs["read_only"] is True and "/tmp" in kwargs["tmpfs"]
     assert kwargs["cap_drop"] == ["ALL"] and "no-new-privileges" in kwargs["security_opt"]
-    assert kwargs["mem_limit"] == start.memory_bytes and "device_requests" not in kwargs
+    limit = start.memory_bytes + RUNTIME_MEMORY               # the function's memory and the runtime's
+    assert kwargs["mem_limit"] == kwargs["memswap_limit"] == limit and "device_requests" not in kwargs
+    assert kwargs["pids_limit"] == PIDS and kwargs["shm_size"] == limit and f"size={limit}" in kwargs["tmpfs"]["/tmp"]
     code = mounts(kwargs)["/opt/dilu/function"]
     assert code["Source"] == "/var/lib/dilu/bundles/abc" and code["ReadOnly"] is True
     env = kwargs["environment"]
