@@ -141,7 +141,7 @@ class WorkerAgent:
                 record.fetched_at, record.started_at = time.time(), time.monotonic()
             extra_env = None
             if self._gpu is not None:
-                extra_env = self._gpu.admit(request)
+                extra_env = self._gpu.admit(request, *self._backend.token_peer(request))
                 # Loading (imports, weights, warm-up) runs unthrottled: the slice applies once ready.
                 self._gpu.set_slice(request.instance_id, record.cls, ComputeSlice(record.slice.request, 1.0))
             record.running = await self._backend.start(request, self.info.device,
@@ -181,7 +181,8 @@ class WorkerAgent:
                                slice=request.compute)
             self._instances[request.instance_id] = record
             if self._gpu is not None:
-                self._gpu.admit(request)   # the shim re-registers with the new token manager
+                # The shim re-registers with the new token manager, at the same socket path.
+                self._gpu.admit(request, *self._backend.token_peer(request))
             log.info("adopted instance %s of %s at %s", request.instance_id, request.function, running.endpoint)
         # Probed at once, so a serving instance is reported ready from the first listing on
         # (reporting it as starting would take it out of the routes until the next probe).

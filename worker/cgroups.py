@@ -206,6 +206,11 @@ class InstanceGroups:
             return [self.base / instance_id]
         return [base / instance_id for base in self.v1.values()]
 
+    def path_tail(self, instance_id: str) -> str | None:
+        """How the instance's group path ends in /proc/<pid>/cgroup (None: instances are not
+        cgroups here): the token manager's proof that a caller is one of its processes."""
+        return f"dilu/{instance_id}" if self.available else None
+
     def create(self, instance_id: str, memory_bytes: int, pids: int) -> list[str]:
         """Makes the instance's groups with their limits (idempotent); returns the ``cgroup.procs``
         files a process writes its pid to, to join them."""

@@ -11,14 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FIXTURE_FUNCTIONS
+from tests.conftest import FIXTURE_FUNCTIONS, ROOT
 from tests.e2e.test_instance_user import switching_users
+from tests.shim_harness import build_shim
 from tests.waiting import eventually
+from worker.tokens.peers import MAX_PROCESSES
 
 
-def deploy_tenant(platform, tmp_path: Path, name: str, extra: str = "") -> None:
+def deploy_tenant(platform, tmp_path: Path, name: str, extra: str = "", gpu: bool = False) -> None:
     source = shutil.copytree(FIXTURE_FUNCTIONS / "tenant", tmp_path / name)
     spec = (source / "model.yaml").read_text().replace("name: tenant", f"name: {name}") + extra
+    if gpu:      # a small slice, so the simulated GPU has room for its neighbours too
+        spec = spec.replace("gpu: false", "gpu: true, sm_request: 0.1, sm_limit: 0.2")
     (source / "model.yaml").write_text(spec)
     deployed = platform.cli("deploy", str(source / "model.yaml"))
     assert deployed.returncode == 0, deployed.stderr
@@ -157,3 +161,41 @@ def test_a_stream_nobody_reads_stops_being_made_and_ends(start_platform, tmp_pat
     finally:
         for reader in readers:
             reader.close()
+
+
+@switching_users
+def test_a_function_reaches_only_its_own_registration_with_the_token_manager(start_platform, tmp_path: Path) -> None:
+    """On a simulated GPU, from the intruder's own code: claiming the victim's id on its own
+    socket, the victim's socket and the manager's are all refused; registering again and again
+    stops at the bound per instance, so a function deployed later still registers."""
+    build_shim()
+    platform = start_platform(env={"DILU_FAKE_GPUS": "1", "DILU_GPUS": "none"})
+    latency = (ROOT / "examples" / "synthetic-gpu" / "latency.yaml").read_text().replace(
+        "sm_request: 0.5, sm_limit: 0.75", "sm_request: 0.3, sm_limit: 0.4")
+    victim = _deploy_gpu_kernels(platform, tmp_path, latency, "victim")
+    deploy_tenant(platform, tmp_path, "intruder", gpu=True)
+    tried = attempt(platform, "intruder", "tokens", victim=victim, flood=MAX_PROCESSES + 8)
+    assert tried["as_victim"].startswith("ERR") and f"not {victim}'s" in tried["as_victim"], tried
+    assert tried["victim_socket"].startswith("PermissionError"), tried
+    assert tried["manager_socket"].startswith("PermissionError"), tried
+    # Bounded (its own server may hold one of the entries already), and told why past the bound.
+    assert tried["flood_ok"] <= MAX_PROCESSES and "processes registered already" in tried["flood_refused"][0], tried
+    # The intruder still holds its registrations: a function started now gets a slot of its own.
+    _deploy_gpu_kernels(platform, tmp_path, latency, "late")
+
+
+def _deploy_gpu_kernels(platform, tmp_path: Path, spec: str, name: str) -> str:
+    """Deploys the synthetic latency function as ``name``, invokes it and waits until its kernels
+    are counted by the token manager (it registered); returns its instance's id."""
+    folder = shutil.copytree(ROOT / "examples" / "synthetic-gpu", tmp_path / name)
+    (folder / "model.yaml").write_text(spec.replace("name: synthetic-latency", f"name: {name}"))
+    deployed = platform.cli("deploy", str(folder / "model.yaml"))
+    assert deployed.returncode == 0, deployed.stderr
+    assert platform.invoke(name, {}).status_code == 200
+
+    def registered() -> str | None:
+        (row,) = platform.instances(name)
+        return row["id"] if (row.get("telemetry") or {}).get("launches", 0) > 0 else None
+
+    return eventually(registered, timeout=30, what=f"{name}'s launches to be counted; logs: "
+                      f"{platform.cli('logs', name).stdout}")

@@ -29,7 +29,7 @@ def test_client_env(label: str, setup: MpsSetup, cls: str, limit: float, expect:
 def _control(tmp_path: Path, mps: MpsSetup | None) -> GpuControl:
     device = DeviceInfo(kind="gpu", uuid="GPU-unit", name="unit", memory_bytes=1 << 30, fake=True)
     return GpuControl(device=device, shim=ShimPaths(tmp_path / "libdilu_shim.so", tmp_path / "fake"),
-                      run_dir=tmp_path, capacity_per_s=None, fake_ns_per_block=1000, mps=mps)
+                      run_dir=tmp_path, capacity_per_s=None, fake_ns_per_block=1000, mps=mps, in_process=True)
 
 
 def _start(cls: str) -> StartInstance:
@@ -37,9 +37,16 @@ def _start(cls: str) -> StartInstance:
                          memory_bytes=1 << 20, compute=ComputeSlice(0.25, 0.6))
 
 
+def _admitted(control: GpuControl) -> dict[str, str]:
+    try:
+        return control.admit(_start("batch"), uid=None)
+    finally:
+        control.stop()
+
+
 def test_an_instance_is_an_mps_client_only_when_the_worker_says_so(tmp_path: Path) -> None:
-    off = _control(tmp_path, None).admit(_start("batch"))
+    off = _admitted(_control(tmp_path, None))
     assert not any(name.startswith("CUDA_MPS") for name in off)
-    on = _control(tmp_path, MpsSetup()).admit(_start("batch"))
+    on = _admitted(_control(tmp_path, MpsSetup()))
     assert on["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "60" and on["CUDA_MPS_CLIENT_PRIORITY"] == "1"
     assert on["DILU_FAKE_SCHED"] == "timeslice", "a simulated GPU runs its processes time-sliced by default"

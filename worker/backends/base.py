@@ -73,6 +73,10 @@ class RuntimeBackend(Protocol):
     async def stop(self, running: RunningInstance, grace_s: float) -> None:
         """Asks it to stop, then kills it after ``grace_s``; idempotent."""
 
+    def token_peer(self, request: StartInstance) -> tuple[int | None, str | None]:
+        """Who the instance's processes are, for its GPU's token manager (``worker.tokens.peers``):
+        their uid (None: not known here) and how their cgroup path ends (None: no group)."""
+
     def set_share(self, instance_id: str, share: float | None) -> bool:
         """Resizes the compute share of a running instance where the backend can (CPU quotas);
         False where it cannot."""

@@ -154,6 +154,12 @@ class DockerBackend:
         runtime_memory, pids = self._limits
         return bounds_for(memory_bytes, real_gpu=real_gpu, runtime_memory=runtime_memory, pids=pids)
 
+    def token_peer(self, request: StartInstance) -> tuple[int | None, str | None]:
+        """The container's uid where it is a number (a name is resolved inside the image, out of
+        reach); its own socket folder is all it can see of the manager either way."""
+        uid = self._user_of(request.function).partition(":")[0]
+        return (int(uid) if uid.isdigit() else None), None
+
     def _user_of(self, function: str) -> str:
         if self._users is None:
             return self._user

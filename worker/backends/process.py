@@ -184,6 +184,11 @@ class ProcessBackend:
             procs += self.groups.create(request.instance_id, bounds.memory_bytes, bounds.pids)
         return [path for path in procs if path]
 
+    def token_peer(self, request: StartInstance) -> tuple[int | None, str | None]:
+        user = self._user_of(request)
+        tail = self.groups.path_tail(request.instance_id) if self.groups is not None else None
+        return (user.uid if user else os.geteuid()), tail
+
     def _user_of(self, request: StartInstance) -> InstanceUser | None:
         """The function's own user on this host (None: instances run as the worker's user)."""
         return self._sandboxes.users.user_for(request.function) if self._sandboxes else None

@@ -52,6 +52,14 @@ def main() -> None:
                                   float(message["limit"]), bool(message.get("llm", False)))
             elif op == "remove":
                 manager.remove_slice(message["instance"])
+            elif op == "admit":
+                try:
+                    uid, cgroup = message.get("uid"), message.get("cgroup")
+                    answer = {"socket": manager.admit(str(message["instance"]), uid if isinstance(uid, int) else None,
+                                                      cgroup if isinstance(cgroup, str) else None)}
+                except OSError as exc:
+                    answer = {"error": str(exc)}
+                control.sendall((json.dumps(answer) + "\n").encode())
             elif op in ("telemetry", "stats", "events"):
                 answer = (manager.telemetry() if op == "telemetry" else manager.period_stats() if op == "stats"
                           else list(manager.events))

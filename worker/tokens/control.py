@@ -69,13 +69,16 @@ class GpuControl:
     def stop(self) -> None:
         self.manager.stop()
 
-    def admit(self, request: StartInstance) -> dict[str, str]:
-        """Registers the instance's slice and returns the environment that injects the shim."""
+    def admit(self, request: StartInstance, uid: int | None, cgroup: str | None = None) -> dict[str, str]:
+        """Registers the instance's slice, opens its own registration socket (for processes of
+        ``uid`` in ``cgroup``: ``worker.tokens.peers``) and returns the environment that injects
+        the shim."""
         cls = class_of(request)
         self.set_slice(request.instance_id, cls, request.compute)
+        socket_path = self.manager.admit(request.instance_id, uid, cgroup)
         env = {
             **self.injected_at_start(),
-            "DILU_TOKEN_SOCKET": str(self.manager.socket_path),
+            "DILU_TOKEN_SOCKET": socket_path,
             "DILU_MEMORY_LIMIT": str(request.memory_bytes),
         }
         if self.device.fake:

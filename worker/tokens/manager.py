@@ -12,6 +12,8 @@ Dilu did before isolation, for comparison).
 Registration protocol (Unix socket, one connection per process, kept open: EOF = exit):
   shim -> manager   "HELLO <abi> <pid> <instance-id>\\n"
   manager -> shim   "OK <slot> <generation>\\n" with the region's fd (SCM_RIGHTS), or "ERR <why>\\n"
+Each instance registers on a socket of its own, made when the worker admits it (``admit``);
+``worker.tokens.peers`` says who is accepted there. The manager's own socket is its user's.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from dilu.policy import isolation
 from dilu.policy.calibration import TokenCost, observe, token_rate
 from dilu.policy.isolation import BatchPeriod, IsolationContext, IsolationParams, IsolationState
 from dilu.policy.vertical import InstanceSlice, VerticalContext, VerticalParams, VerticalState, allocate
+from worker.tokens.peers import MAX_PROCESSES, Admission, instance_socket_path, listen_for, peer_of, refusal
 from worker.tokens.region import ABI, MAX_PROCS, MAX_SLOTS, SLOT_FLOOR, SLOT_LATENCY, Region, allowed_at, rebase
 
 log = logging.getLogger(__name__)
@@ -41,6 +44,7 @@ CALIBRATE_EVERY_S = 0.2          # how often measured device time corrects each 
 # Budgets add up to slightly less than the device can run, so its queue drains instead of
 # backing up into launches (a saturated queue blocks launches unevenly and skews the shares).
 HEADROOM = 0.02
+HELLO_WAIT_S = 1.0               # a connection that has not said HELLO by then is closed
 
 
 @dataclass
@@ -55,6 +59,16 @@ class _Instance:
     calibrated_consumed: int = 0           # tokens consumed at the last calibration
     last_held_ns: int = 0
     deltas: deque = field(default_factory=lambda: deque(maxlen=TELEMETRY_WINDOW_PERIODS))
+
+
+@dataclass
+class _Pending:
+    """An accepted connection that has not said HELLO yet; ``instance_id``: the instance whose
+    socket it came in on (None: the manager's own socket)."""
+
+    sock: socket.socket
+    instance_id: str | None
+    since: float
 
 
 @dataclass
@@ -97,6 +111,11 @@ class TokenManager:
         self._thread: threading.Thread | None = None
         self._selector = selectors.DefaultSelector()
         self._listener: socket.socket | None = None
+        self.instances_dir = instances_dir_for(self.socket_path)
+        self._sockets_lock = threading.Lock()       # the selector: the loop thread and admit's callers
+        self._admissions: dict[str, Admission] = {}
+        self._listeners: dict[str, socket.socket] = {}
+        self._pending: dict[int, _Pending] = {}    # by file descriptor
         self.periods = 0
         self.events: deque[tuple[float, str]] = deque(maxlen=1000)  # (monotonic time, policy event)
         self._lateness: deque[float] = deque(maxlen=STATS_WINDOW_PERIODS)   # s each period began late
@@ -112,8 +131,40 @@ class TokenManager:
             self._slices[instance_id] = InstanceSlice(instance_id, cls, min(max(0.0, request), limit), limit, llm)
 
     def remove_slice(self, instance_id: str) -> None:
+        """The instance is gone from the GPU: its slice, its admission and its socket."""
         with self._lock:
             self._slices.pop(instance_id, None)
+        with self._sockets_lock:
+            self._admissions.pop(instance_id, None)
+            self._close_listener(instance_id, remove_folder=True)
+
+    def admit(self, instance_id: str, uid: int | None, cgroup: str | None = None) -> str:
+        """Opens the instance's own registration socket (``worker.tokens.peers``) and returns its
+        path; registrations there are accepted from ``uid`` (and a process in ``cgroup``) only.
+        Admitting an instance again (a restarted worker adopting it) makes the socket anew."""
+        path = instance_socket_path(self.instances_dir, instance_id)
+        with self._sockets_lock:
+            self._close_listener(instance_id, remove_folder=False)
+            listener = listen_for(path, uid)
+            self._listeners[instance_id] = listener
+            self._admissions[instance_id] = Admission(instance_id, uid, cgroup)
+            self._selector.register(listener, selectors.EVENT_READ, instance_id)
+        return str(path)
+
+    def _close_listener(self, instance_id: str, remove_folder: bool) -> None:
+        """Caller holds the sockets lock."""
+        listener = self._listeners.pop(instance_id, None)
+        if listener is None:
+            return
+        self._selector.unregister(listener)
+        listener.close()
+        path = instance_socket_path(self.instances_dir, instance_id)
+        path.unlink(missing_ok=True)
+        if remove_folder:
+            try:
+                path.parent.rmdir()
+            except OSError:
+                pass
 
     def telemetry(self) -> dict[str, dict[str, Any]]:
         """Per instance: granted and used share, KLC, stretch, state, launches, waits, memory
@@ -150,9 +201,7 @@ class TokenManager:
             self.socket_path.unlink()
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(str(self.socket_path))
-        # Instances may run as another user (containers run unprivileged): connecting needs write
-        # permission on the socket. Who may register is bounded by who can reach the folder.
-        os.chmod(self.socket_path, 0o666)
+        os.chmod(self.socket_path, 0o600)      # the manager's own user; instances have sockets of their own
         listener.listen(64)
         listener.setblocking(False)
         self._listener = listener
@@ -180,6 +229,12 @@ class TokenManager:
         self._instances.clear()
         if self._listener is not None:
             self._listener.close()
+        with self._sockets_lock:
+            for pending in self._pending.values():
+                pending.sock.close()
+            self._pending.clear()
+            for instance_id in list(self._listeners):
+                self._close_listener(instance_id, remove_folder=False)    # an adopting worker reuses them
         self._selector.close()
         try:
             self.socket_path.unlink()
@@ -326,38 +381,87 @@ class TokenManager:
                                         default_ns_per_token=self.default_ns_per_token)
 
     def _serve_sockets(self) -> None:
-        for key, _ in self._selector.select(timeout=0):
-            if key.fileobj is self._listener:
-                self._accept()
-            else:
-                self._client_event(key.data)
+        with self._sockets_lock:
+            ready = self._selector.select(timeout=0)
+            for key, _ in ready:
+                if key.fileobj is self._listener:
+                    self._accept(self._listener, None)
+                elif isinstance(key.data, str):
+                    self._accept(key.fileobj, key.data)
+                elif isinstance(key.data, _Pending):
+                    self._hello(key.data)
+                else:
+                    self._client_event(key.data)
+            self._drop_silent(time.monotonic())
 
-    def _accept(self) -> None:
+    def _accept(self, listener: socket.socket, instance_id: str | None) -> None:
+        """Takes a connection; its HELLO is read when it comes, so a caller that says nothing
+        never holds up the period loop. Caller holds the sockets lock."""
         try:
-            conn, _ = self._listener.accept()
-        except BlockingIOError:
+            conn, _ = listener.accept()
+        except (BlockingIOError, OSError):
             return
-        conn.settimeout(1.0)
+        if instance_id is not None:
+            waiting = sum(1 for p in self._pending.values() if p.instance_id == instance_id)
+            registered = len(self._instances[instance_id].processes) if instance_id in self._instances else 0
+            if waiting + registered >= MAX_PROCESSES:
+                _refuse(conn, f"instance {instance_id} has {MAX_PROCESSES} processes registered already")
+                return
+        conn.setblocking(False)
+        pending = self._pending[conn.fileno()] = _Pending(conn, instance_id, time.monotonic())
+        self._selector.register(conn, selectors.EVENT_READ, pending)
+
+    def _drop_silent(self, now: float) -> None:
+        """Closes connections that did not say HELLO in time. Caller holds the sockets lock."""
+        for fd, pending in list(self._pending.items()):
+            if now - pending.since > HELLO_WAIT_S:
+                del self._pending[fd]
+                self._selector.unregister(pending.sock)
+                pending.sock.close()
+
+    def _hello(self, pending: _Pending) -> None:
+        """Answers a HELLO: the region's fd and the process's slot, or why not. Caller holds the
+        sockets lock."""
+        conn = pending.sock
         try:
             hello = conn.recv(256).decode("ascii", errors="replace").split()
+        except BlockingIOError:
+            return
         except OSError:
-            conn.close()
-            return
+            hello = []
+        del self._pending[conn.fileno()]
+        self._selector.unregister(conn)
         if len(hello) != 4 or hello[0] != "HELLO" or hello[1] != str(ABI):
-            conn.sendall(f"ERR expected HELLO {ABI} <pid> <instance>\n".encode())
-            conn.close()
+            _refuse(conn, f"expected HELLO {ABI} <pid> <instance>")
             return
-        pid, instance_id = int(hello[2]) if hello[2].isdigit() else 0, hello[3]
+        claimed = hello[3]
+        if pending.instance_id is None:      # the manager's own user: trusted with what it says
+            pid = int(hello[2]) if hello[2].isdigit() else 0
+        else:
+            peer = peer_of(conn)
+            instance = self._instances.get(pending.instance_id)
+            why = refusal(self._admissions.get(pending.instance_id), claimed, peer,
+                          len(instance.processes) if instance else 0)
+            if why is not None:
+                log.warning("%s: refused a registration as %s: %s", self.gpu_uuid, claimed, why)
+                _refuse(conn, why)
+                return
+            pid = peer.pid
+        conn.settimeout(1.0)
         with self._lock:
-            reply = self._register(conn, pid, instance_id)
+            reply = self._register(conn, pid, claimed)
         if reply is None:
             conn.close()
             return
         client, generation = reply
-        socket.send_fds(conn, [f"OK {client.instance.slot} {generation} {client.proc}\n".encode()], [self._region.fd])
+        try:
+            socket.send_fds(conn, [f"OK {client.instance.slot} {generation} {client.proc}\n".encode()],
+                            [self._region.fd])
+        except OSError:
+            pass        # it left at once: its EOF is read below like any exit
         conn.setblocking(False)
         self._selector.register(conn, selectors.EVENT_READ, client)
-        log.info("%s: instance %s (pid %d) registered in slot %d (process %d)", self.gpu_uuid, instance_id,
+        log.info("%s: instance %s (pid %d) registered in slot %d (process %d)", self.gpu_uuid, claimed,
                  pid, client.instance.slot, client.proc)
 
     def _register(self, conn: socket.socket, pid: int, instance_id: str) -> tuple[_Client, int] | None:
@@ -425,6 +529,7 @@ class TokenManager:
             slot.window = isolation.window_tokens(self.isolation.window_s, ns_per_token)
 
     def _client_event(self, client: _Client) -> None:
+        """Caller holds the sockets lock."""
         try:
             data = client.sock.recv(256)
         except BlockingIOError:
@@ -465,17 +570,37 @@ def _realtime_priority() -> None:
         log.info("period loop at normal priority (%s)", exc)
 
 
+def _refuse(conn: socket.socket, why: str) -> None:
+    try:
+        conn.setblocking(True)
+        conn.settimeout(0.1)
+        conn.sendall(f"ERR {why}\n".encode())
+    except OSError:
+        pass
+    conn.close()
+
+
 def _instance_key(instance_id: str, pid: int) -> str:
     """Processes without an instance id ("-") are each their own instance."""
     return instance_id if instance_id != "-" else f"-pid-{pid}"
 
 
 def socket_path_for(directory: Path, gpu_uuid: str) -> Path:
-    """The manager's socket; shortened under /tmp when the path would exceed AF_UNIX's limit."""
+    """The manager's socket; shortened when it or its instances' sockets (``instances_dir_for``)
+    would exceed AF_UNIX's limit: under /run for root (whose instances each have a /tmp of
+    their own), else under /tmp."""
     path = Path(directory) / f"{gpu_uuid}.sock"
-    if len(str(path)) < 100:
+    if len(str(path)) < SHORT_PATH:
         return path
     import hashlib
 
     digest = hashlib.sha1(str(path).encode()).hexdigest()[:16]
-    return Path("/tmp") / f"dilu-{os.getuid()}-{digest}.sock"
+    return Path("/run" if os.geteuid() == 0 else "/tmp") / f"dilu-{os.getuid()}-{digest}.sock"
+
+
+def instances_dir_for(socket_path: Path) -> Path:
+    """Where the instances' own sockets live: beside the manager's."""
+    return socket_path.with_suffix(".d")
+
+
+SHORT_PATH = 72         # leaves room for an instance's socket (30 more characters) in AF_UNIX's 108

@@ -9,7 +9,8 @@ answering the worker's control messages (slices, telemetry), a few per second.
 
 Control channel: a Unix socket on the process's stdin, one JSON object per line.
   worker -> manager  {"op": "slice", "instance", "cls", "request", "limit"} | {"op": "remove", "instance"}
-                     | {"op": "telemetry"} | {"op": "stats"} | {"op": "events"}   (these are answered, in order)
+                     | {"op": "admit", "instance", "uid", "cgroup"} | {"op": "telemetry"} | {"op": "stats"}
+                     | {"op": "events"}   (admit and these three are answered, in order)
   manager -> worker  "READY\\n" once its socket listens, then one JSON line per answered request
 """
 
@@ -89,6 +90,14 @@ class ManagerProcess:
 
     def remove_slice(self, instance_id: str) -> None:
         self._send({"op": "remove", "instance": instance_id})
+
+    def admit(self, instance_id: str, uid: int | None, cgroup: str | None = None) -> str:
+        """As ``TokenManager.admit``; answered, so the socket listens before the instance starts."""
+        answer = self._ask({"op": "admit", "instance": instance_id, "uid": uid, "cgroup": cgroup})
+        if not isinstance(answer, dict) or "socket" not in answer:
+            why = answer.get("error") if isinstance(answer, dict) else "no answer"
+            raise RuntimeError(f"the token manager of {self.gpu_uuid} could not admit {instance_id}: {why}")
+        return answer["socket"]
 
     def telemetry(self) -> dict[str, dict[str, Any]]:
         return self._ask({"op": "telemetry"}) or {}
