@@ -1,10 +1,12 @@
 /*
  * Token gate. Registration (first launch, and retries after the manager vanished) uses the
- * manager's Unix socket: HELLO, then the shared region's fd over SCM_RIGHTS. The fast path is
- * one atomic add on the slot's consumed counter and one load of granted: no system call.
- * When tokens run out the launch waits on the region's futex word, which the manager bumps
- * every period; if the manager's heartbeat goes stale the gate latches open and retries
- * registration every retry period.
+ * instance's own socket to the manager: HELLO, then four memfds over SCM_RIGHTS (the GPU's
+ * board and the instance's grant, both read-only, its usage and its signal; dilu_shm.h). The
+ * fast path is one atomic add on the usage's consumed counter and one load of the grant's
+ * credit: no system call. When tokens run out the launch waits on the board's futex word, which
+ * the manager bumps every period; if the manager's heartbeat goes stale the gate latches open
+ * and retries registration every retry period. A latency slot's signal is asked for on the same
+ * socket when a batch launch first needs it (gate_peer_signal).
  */
 #define _GNU_SOURCE
 #include "gate.h"
@@ -34,9 +36,12 @@ enum gate_state { GATE_UNREGISTERED = 0, GATE_ACTIVE = 1, GATE_OPEN = 2, GATE_OF
 static struct {
     int state;                        /* enum gate_state, read with relaxed atomics */
     int sock;
-    struct dilu_shm_header *header;
-    struct dilu_slot *slot;
-    struct dilu_proc *proc;
+    struct dilu_board *board;         /* read-only */
+    struct dilu_grant *grant;         /* read-only */
+    struct dilu_usage *usage;
+    struct dilu_signal *signal;
+    unsigned slot;
+    unsigned proc;                    /* this process's entry in usage.proc_mem */
     uint32_t epoch;                   /* registrations so far: memory counted in an older region stays there */
     int64_t next_retry_ns;
     uint32_t launches_open;           /* launches since the gate latched open */
@@ -44,6 +49,27 @@ static struct {
 } gate = {.state = GATE_UNREGISTERED, .sock = -1, .epoch = GATE_MEMORY_LOCAL};
 
 static pthread_mutex_t register_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Latency slots' signals, mapped read-only once asked for. A mapping is replaced in place
+ * (MAP_FIXED) when its slot gets a new instance, so a reader never touches an unmapped page. */
+static struct {
+    struct dilu_signal *map;          /* the page, once mapped; never unmapped */
+    const struct dilu_signal *current; /* map, or NULL: no latency instance in the slot */
+    uint32_t gen;                     /* the slot generation `current` is for */
+    int known;
+} peers[DILU_SHM_MAX_SLOTS];
+static pthread_mutex_t peers_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void *map_page(int fd, int writable) {
+    void *page = mmap(NULL, DILU_SHM_PAGE, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
+    return page == MAP_FAILED ? NULL : page;
+}
+
+static void unmap_page(void *page) {
+    if (page != NULL) {
+        munmap(page, DILU_SHM_PAGE);
+    }
+}
 
 static void next_epoch(void) {
     if (++gate.epoch <= GATE_MEMORY_LOCAL) {
@@ -60,24 +86,34 @@ static void forget_registration(void) {
         close(gate.sock);
         gate.sock = -1;
     }
-    if (gate.header != NULL) {
-        munmap(gate.header, DILU_SHM_SIZE);
-        gate.header = NULL;
+    unmap_page(gate.board);
+    unmap_page(gate.grant);
+    unmap_page(gate.usage);
+    unmap_page(gate.signal);
+    gate.board = NULL;
+    gate.grant = NULL;
+    gate.usage = NULL;
+    gate.signal = NULL;
+    for (unsigned i = 0; i < DILU_SHM_MAX_SLOTS; i++) {
+        __atomic_store_n(&peers[i].known, 0, __ATOMIC_RELEASE);   /* asked again of the new manager */
     }
-    gate.slot = NULL;
-    gate.proc = NULL;
 }
 
 static void after_fork_in_child(void) {
     /* The child must not spend the parent's tokens nor share its socket: start afresh.
-     * The parent's mapping stays mapped in the child but is no longer referenced. */
+     * The parent's mappings stay mapped in the child but are no longer referenced. */
     if (gate.sock >= 0) {
         close(gate.sock);
     }
     gate.sock = -1;
-    gate.header = NULL;
-    gate.slot = NULL;
-    gate.proc = NULL;
+    gate.board = NULL;
+    gate.grant = NULL;
+    gate.usage = NULL;
+    gate.signal = NULL;
+    for (unsigned i = 0; i < DILU_SHM_MAX_SLOTS; i++) {
+        peers[i].known = 0;
+    }
+    pthread_mutex_init(&peers_lock, NULL);
     next_epoch();
     gate.warned_open = 0;
     pthread_mutex_init(&register_lock, NULL);
@@ -92,26 +128,47 @@ void gate_init(void) {
     release_init();
 }
 
-static int receive_fd(int sock, char *text, size_t size, int *fd) {
+/* One message and the descriptors it carries (up to `most`; the rest of `fds` is -1). */
+static int receive_fds(int sock, char *text, size_t size, int *fds, int most) {
     struct iovec iov = {.iov_base = text, .iov_len = size - 1};
-    char control[CMSG_SPACE(sizeof(int))];
+    char control[CMSG_SPACE(4 * sizeof(int))];
     struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control,
                          .msg_controllen = sizeof(control)};
+    for (int i = 0; i < most; i++) {
+        fds[i] = -1;
+    }
     ssize_t got = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
     if (got <= 0) {
         return -1;
     }
     text[got] = '\0';
-    *fd = -1;
     for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c != NULL; c = CMSG_NXTHDR(&msg, c)) {
         if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-            memcpy(fd, CMSG_DATA(c), sizeof(int));
+            int count = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+            int received[4];
+            memcpy(received, CMSG_DATA(c), (size_t)(count < 4 ? count : 4) * sizeof(int));
+            for (int i = 0; i < count && i < 4; i++) {
+                if (i < most) {
+                    fds[i] = received[i];
+                } else {
+                    close(received[i]);
+                }
+            }
         }
     }
     return 0;
 }
 
-/* Connects, says HELLO and maps the region. Returns 0 on success. Caller holds register_lock. */
+static void close_all(int *fds, int count) {
+    for (int i = 0; i < count; i++) {
+        if (fds[i] >= 0) {
+            close(fds[i]);
+        }
+    }
+}
+
+/* Connects, says HELLO and maps what the manager hands over. Returns 0 on success. Caller
+ * holds register_lock. */
 static int try_register(void) {
     int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (sock < 0) {
@@ -132,38 +189,40 @@ static int try_register(void) {
         close(sock);
         return -1;
     }
-    char reply[128];
-    int fd = -1;
+    char reply[160] = "";
+    int fds[4];
     unsigned slot_index = 0, generation = 0, proc_index = 0;
-    if (receive_fd(sock, reply, sizeof(reply), &fd) != 0 || fd < 0 ||
+    if (receive_fds(sock, reply, sizeof(reply), fds, 4) != 0 || fds[3] < 0 ||
         sscanf(reply, "OK %u %u %u", &slot_index, &generation, &proc_index) != 3 ||
         slot_index >= DILU_SHM_MAX_SLOTS || proc_index >= DILU_SHM_MAX_PROCS) {
-        shim_log(LOG_WARN, "token manager refused registration: %.100s", reply);
-        if (fd >= 0) {
-            close(fd);
-        }
+        shim_log(LOG_WARN, "token manager refused registration: %.120s", reply[0] ? reply : "no answer");
+        close_all(fds, 4);
         close(sock);
         return -1;
     }
-    void *region = mmap(NULL, DILU_SHM_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (region == MAP_FAILED) {
-        close(sock);
-        return -1;
-    }
-    struct dilu_shm_header *header = region;
-    if (header->magic != DILU_SHM_MAGIC || header->abi != DILU_SHM_ABI) {
-        shim_log(LOG_WARN, "token region has abi %u (shim speaks %u); launches run ungated",
-                 header->abi, DILU_SHM_ABI);
-        munmap(region, DILU_SHM_SIZE);
+    struct dilu_board *board = map_page(fds[0], 0);
+    struct dilu_grant *grant = map_page(fds[1], 0);
+    struct dilu_usage *usage = map_page(fds[2], 1);
+    struct dilu_signal *signal = map_page(fds[3], 1);
+    close_all(fds, 4);
+    if (board == NULL || grant == NULL || usage == NULL || signal == NULL ||
+        board->magic != DILU_SHM_MAGIC || board->abi != DILU_SHM_ABI) {
+        shim_log(LOG_WARN, "token manager's memory is not abi %u; launches run ungated", DILU_SHM_ABI);
+        unmap_page(board);
+        unmap_page(grant);
+        unmap_page(usage);
+        unmap_page(signal);
         close(sock);
         return -1;
     }
     forget_registration();
     gate.sock = sock;
-    gate.header = header;
-    gate.slot = (struct dilu_slot *)((char *)region + DILU_SHM_SLOTS_OFFSET) + slot_index;
-    gate.proc = (struct dilu_proc *)((char *)region + DILU_SHM_PROCS_OFFSET) + proc_index;
+    gate.board = board;
+    gate.grant = grant;
+    gate.usage = usage;
+    gate.signal = signal;
+    gate.slot = slot_index;
+    gate.proc = proc_index;
     next_epoch();
     /* Tokens charged before registration do not count against the new slot. */
     shim_log(LOG_INFO, "registered with the token manager (slot %u, process %u)", slot_index, proc_index);
@@ -199,57 +258,58 @@ static void ensure_registered(int state) {
 }
 
 /* The credit at `now`: what was granted at the last rebase plus what has accrued since. */
-static int64_t allowed_at(const struct dilu_slot *slot, int64_t now) {
-    int64_t base = __atomic_load_n(&slot->granted, __ATOMIC_ACQUIRE);
-    int64_t since = __atomic_load_n(&slot->granted_at_ns, __ATOMIC_ACQUIRE);
-    int64_t rate = __atomic_load_n(&slot->rate_per_s, __ATOMIC_ACQUIRE);
+static int64_t allowed_at(const struct dilu_grant *grant, int64_t now) {
+    int64_t base = __atomic_load_n(&grant->granted, __ATOMIC_ACQUIRE);
+    int64_t since = __atomic_load_n(&grant->granted_at_ns, __ATOMIC_ACQUIRE);
+    int64_t rate = __atomic_load_n(&grant->rate_per_s, __ATOMIC_ACQUIRE);
     int64_t elapsed = now > since ? now - since : 0;
     return base + (int64_t)((__int128)rate * elapsed / 1000000000);
 }
 
-static void wait_for_tokens(struct dilu_slot *slot, int64_t position) {
-    struct dilu_shm_header *header = gate.header;
+static void wait_for_tokens(int64_t position) {
+    struct dilu_board *board = gate.board;
+    const struct dilu_grant *grant = gate.grant;
     int64_t started = now_ns(), now = started;
     for (;;) {
-        uint32_t generation = __atomic_load_n(&header->refill_gen, __ATOMIC_ACQUIRE);
+        uint32_t generation = __atomic_load_n(&board->refill_gen, __ATOMIC_ACQUIRE);
         now = now_ns();
-        int64_t allowed = allowed_at(slot, now);
+        int64_t allowed = allowed_at(grant, now);
         if (position <= allowed) {
             break;
         }
-        if (now - __atomic_load_n(&header->heartbeat_ns, __ATOMIC_ACQUIRE) > shim_cfg.stale_ns) {
+        if (now - __atomic_load_n(&board->heartbeat_ns, __ATOMIC_ACQUIRE) > shim_cfg.stale_ns) {
             open_gate("token manager stopped answering");
             break;
         }
         /* Sleep until enough tokens should have accrued (at most 2 ms); a refill or a slice
          * change wakes the futex earlier. */
-        int64_t rate = __atomic_load_n(&slot->rate_per_s, __ATOMIC_ACQUIRE);
+        int64_t rate = __atomic_load_n(&grant->rate_per_s, __ATOMIC_ACQUIRE);
         int64_t wait_ns = rate > 0 ? (int64_t)((__int128)(position - allowed) * 1000000000 / rate) : 2000000;
         if (wait_ns > 2000000) wait_ns = 2000000;
         if (wait_ns < 10000) wait_ns = 10000;
         struct timespec timeout = {.tv_sec = 0, .tv_nsec = wait_ns};
-        syscall(SYS_futex, &header->refill_gen, FUTEX_WAIT, generation, &timeout, NULL, 0);
+        syscall(SYS_futex, &board->refill_gen, FUTEX_WAIT, generation, &timeout, NULL, 0);
     }
     if (now > started) {
-        __atomic_fetch_add(&slot->blocked_ns, now - started, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&gate.usage->blocked_ns, now - started, __ATOMIC_RELAXED);
     }
 }
 
 /* A latency instance serving a request never waits for tokens: its share bounds what it may
  * take (the manager forgives its debt), not when its work may start. */
-static int serving_latency(const struct dilu_slot *slot) {
-    return (__atomic_load_n(&slot->flags, __ATOMIC_RELAXED) & DILU_SLOT_LATENCY) &&
-           __atomic_load_n(&slot->inflight, __ATOMIC_RELAXED) > 0;
+static int serving_latency(void) {
+    return (__atomic_load_n(&gate.grant->flags, __ATOMIC_RELAXED) & DILU_SLOT_LATENCY) &&
+           __atomic_load_n(&gate.signal->inflight, __ATOMIC_RELAXED) > 0;
 }
 
 void gate_charge(int64_t cost) {
     int state = __atomic_load_n(&gate.state, __ATOMIC_ACQUIRE);
     if (state == GATE_ACTIVE) {
-        struct dilu_slot *slot = gate.slot;
-        int64_t position = __atomic_add_fetch(&slot->consumed, cost, __ATOMIC_ACQ_REL);
-        __atomic_fetch_add(&slot->launches, 1, __ATOMIC_RELAXED);
-        if (position > __atomic_load_n(&slot->granted, __ATOMIC_ACQUIRE) && !serving_latency(slot)) {
-            wait_for_tokens(slot, position); /* the slow path: only now is the clock read */
+        struct dilu_usage *usage = gate.usage;
+        int64_t position = __atomic_add_fetch(&usage->consumed, cost, __ATOMIC_ACQ_REL);
+        __atomic_fetch_add(&usage->launches, 1, __ATOMIC_RELAXED);
+        if (position > __atomic_load_n(&gate.grant->granted, __ATOMIC_ACQUIRE) && !serving_latency()) {
+            wait_for_tokens(position); /* the slow path: only now is the clock read */
         }
         return;
     }
@@ -269,16 +329,66 @@ void gate_charge(int64_t cost) {
     }
 }
 
-struct dilu_slot *gate_slot(struct dilu_shm_header **header) {
+int gate_view(struct gate_view *view) {
     if (__atomic_load_n(&gate.state, __ATOMIC_ACQUIRE) != GATE_ACTIVE) {
+        return 0;
+    }
+    view->board = gate.board;
+    view->grant = gate.grant;
+    view->usage = gate.usage;
+    view->slot = gate.slot;
+    return 1;
+}
+
+/* Asks the manager for slot `index`'s signal and maps it. Caller holds peers_lock. */
+static void ask_for_signal(unsigned index, uint32_t board_gen) {
+    char request[32], reply[64] = "";
+    int length = snprintf(request, sizeof(request), "SIGNAL %u\n", index);
+    int fd = -1;
+    unsigned slot = 0, gen = board_gen;
+    const struct dilu_signal *current = NULL;
+    pthread_mutex_lock(&register_lock);           /* the socket is the registration's */
+    int asked = gate.sock >= 0 && send(gate.sock, request, (size_t)length, MSG_NOSIGNAL) == length &&
+                receive_fds(gate.sock, reply, sizeof(reply), &fd, 1) == 0;
+    pthread_mutex_unlock(&register_lock);
+    if (asked && fd >= 0 && sscanf(reply, "SIG %u %u", &slot, &gen) == 2 && slot == index) {
+        void *page = peers[index].map == NULL
+                         ? mmap(NULL, DILU_SHM_PAGE, PROT_READ, MAP_SHARED, fd, 0)
+                         : mmap(peers[index].map, DILU_SHM_PAGE, PROT_READ, MAP_SHARED | MAP_FIXED, fd, 0);
+        if (page != MAP_FAILED) {
+            peers[index].map = page;
+            current = page;
+        }
+    } else if (!(asked && sscanf(reply, "NOSIG %u %u", &slot, &gen) == 2 && slot == index)) {
+        gen = board_gen;   /* no answer: this generation counts as idle (a stale manager opens the gate) */
+    }
+    if (fd >= 0) {
+        close(fd);
+    }
+    __atomic_store_n(&peers[index].current, current, __ATOMIC_RELEASE);
+    __atomic_store_n(&peers[index].gen, gen, __ATOMIC_RELEASE);
+    __atomic_store_n(&peers[index].known, 1, __ATOMIC_RELEASE);
+}
+
+const struct dilu_signal *gate_peer_signal(unsigned index) {
+    if (index >= DILU_SHM_MAX_SLOTS || gate.board == NULL) {
         return NULL;
     }
-    *header = gate.header;
-    return gate.slot;
+    uint32_t board_gen = __atomic_load_n(&gate.board->slot_gen[index], __ATOMIC_ACQUIRE);
+    if (!__atomic_load_n(&peers[index].known, __ATOMIC_ACQUIRE) ||
+        __atomic_load_n(&peers[index].gen, __ATOMIC_ACQUIRE) != board_gen) {
+        pthread_mutex_lock(&peers_lock);
+        if (!__atomic_load_n(&peers[index].known, __ATOMIC_ACQUIRE) ||
+            __atomic_load_n(&peers[index].gen, __ATOMIC_ACQUIRE) != board_gen) {
+            ask_for_signal(index, board_gen);
+        }
+        pthread_mutex_unlock(&peers_lock);
+    }
+    return __atomic_load_n(&peers[index].current, __ATOMIC_ACQUIRE);
 }
 
 int gate_manager_gone(int64_t now) {
-    if (now - __atomic_load_n(&gate.header->heartbeat_ns, __ATOMIC_ACQUIRE) <= shim_cfg.stale_ns) {
+    if (now - __atomic_load_n(&gate.board->heartbeat_ns, __ATOMIC_ACQUIRE) <= shim_cfg.stale_ns) {
         return 0;
     }
     open_gate("token manager stopped answering");
@@ -292,11 +402,12 @@ void gate_request(int delta) {
     if (__atomic_load_n(&gate.state, __ATOMIC_ACQUIRE) != GATE_ACTIVE) {
         return;
     }
-    int32_t now_serving = __atomic_add_fetch(&gate.slot->inflight, delta, __ATOMIC_ACQ_REL);
+    struct dilu_signal *signal = gate.signal;
+    int32_t now_serving = __atomic_add_fetch(&signal->inflight, delta, __ATOMIC_ACQ_REL);
     if (delta < 0 && now_serving <= 0) {
         /* The last request ended: held background launches may go on at once. */
-        __atomic_fetch_add(&gate.header->release_gen, 1, __ATOMIC_ACQ_REL);
-        syscall(SYS_futex, &gate.header->release_gen, FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0);
+        __atomic_fetch_add(&signal->release_gen, 1, __ATOMIC_ACQ_REL);
+        syscall(SYS_futex, &signal->release_gen, FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0);
     }
 }
 
@@ -309,23 +420,23 @@ uint32_t gate_memory_reserve(int64_t size, int64_t limit) {
     if (state != GATE_ACTIVE) {
         return GATE_MEMORY_LOCAL;
     }
-    struct dilu_slot *slot = gate.slot;
-    int64_t after = __atomic_add_fetch(&slot->mem_used, size, __ATOMIC_ACQ_REL) -
-                    __atomic_load_n(&slot->mem_returned, __ATOMIC_ACQUIRE);
+    struct dilu_usage *usage = gate.usage;
+    int64_t after = __atomic_add_fetch(&usage->mem_used, size, __ATOMIC_ACQ_REL) -
+                    __atomic_load_n(&gate.grant->mem_returned, __ATOMIC_ACQUIRE);
     if (limit > 0 && after > limit) {
-        __atomic_sub_fetch(&slot->mem_used, size, __ATOMIC_ACQ_REL);
+        __atomic_sub_fetch(&usage->mem_used, size, __ATOMIC_ACQ_REL);
         shim_log(LOG_INFO, "allocation of %lld bytes refused: the instance's slice is %lld bytes, %lld in use",
                  (long long)size, (long long)limit, (long long)(after - size));
         return GATE_MEMORY_REFUSED;
     }
-    __atomic_add_fetch(&gate.proc->mem_used, size, __ATOMIC_ACQ_REL);
+    __atomic_add_fetch(&usage->proc_mem[gate.proc], size, __ATOMIC_ACQ_REL);
     return gate.epoch;
 }
 
 void gate_memory_release(int64_t size, uint32_t epoch) {
     if (epoch == gate.epoch && __atomic_load_n(&gate.state, __ATOMIC_ACQUIRE) == GATE_ACTIVE) {
-        __atomic_sub_fetch(&gate.slot->mem_used, size, __ATOMIC_ACQ_REL);
-        __atomic_sub_fetch(&gate.proc->mem_used, size, __ATOMIC_ACQ_REL);
+        __atomic_sub_fetch(&gate.usage->mem_used, size, __ATOMIC_ACQ_REL);
+        __atomic_sub_fetch(&gate.usage->proc_mem[gate.proc], size, __ATOMIC_ACQ_REL);
     }
 }
 
@@ -333,6 +444,6 @@ int64_t gate_memory_used(void) {
     if (__atomic_load_n(&gate.state, __ATOMIC_ACQUIRE) != GATE_ACTIVE) {
         return -1;
     }
-    return __atomic_load_n(&gate.slot->mem_used, __ATOMIC_ACQUIRE) -
-           __atomic_load_n(&gate.slot->mem_returned, __ATOMIC_ACQUIRE);
+    return __atomic_load_n(&gate.usage->mem_used, __ATOMIC_ACQUIRE) -
+           __atomic_load_n(&gate.grant->mem_returned, __ATOMIC_ACQUIRE);
 }

@@ -12,11 +12,25 @@ void gate_init(void);
  * stale. Never holds a lock while it waits. */
 void gate_charge(int64_t cost);
 
-struct dilu_shm_header;
-struct dilu_slot;
+struct dilu_board;
+struct dilu_grant;
+struct dilu_usage;
+struct dilu_signal;
 
-/* The instance's slot and the region (through `header`) while registered and gating; else NULL. */
-struct dilu_slot *gate_slot(struct dilu_shm_header **header);
+/* What this process reads and writes while registered and gating. */
+struct gate_view {
+    const struct dilu_board *board;
+    const struct dilu_grant *grant;
+    struct dilu_usage *usage;
+    unsigned slot;
+};
+
+/* Fills `view` and returns 1 while registered and gating; else 0. */
+int gate_view(struct gate_view *view);
+
+/* Latency slot `index`'s signal, read-only (asked of the manager once per instance in the slot);
+ * NULL when no latency instance is there or the manager did not say. */
+const struct dilu_signal *gate_peer_signal(unsigned index);
 
 /* Whether the manager's heartbeat is older than the staleness limit at `now`; if so the gate
  * latches open (as a token wait does) and every launch runs unheld. */

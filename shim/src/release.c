@@ -4,8 +4,8 @@
  * and throttling how fast the background process launches does not shorten that queue. So a
  * batch instance's launches are released, not merely paced:
  * - hold: while any latency instance on the GPU serves a request (its server counts requests in
- *   its slot through the request API), a batch launch waits; the end of the last request wakes
- *   it at once. The manager exempts a batch instance below its floor (DILU_SLOT_FLOOR), so
+ *   its signal through the request API; this shim maps each latency slot's signal read-only), a
+ *   batch launch waits; the end of the last request wakes it at once. The manager exempts a batch instance below its floor (DILU_SLOT_FLOOR), so
  *   training never starves under a saturating latency load.
  * - window: a batch process keeps at most slot.window tokens of launched but unfinished work on
  *   the device, tracked with events recorded after its launches (one kernel may always go).
@@ -136,48 +136,55 @@ static int window_full(CUstream stream, int ptsz, int64_t cost, int64_t window, 
     return full;
 }
 
-static int latency_serving(struct dilu_shm_header *header) {
-    uint64_t mask = __atomic_load_n(&header->latency_mask, __ATOMIC_ACQUIRE);
-    struct dilu_slot *slots = (struct dilu_slot *)((char *)header + DILU_SHM_SLOTS_OFFSET);
+/* Whether a latency instance on the GPU serves a request; if so, the futex word of the first one
+ * found and its value before its requests were counted (a wait on it ends when they end). */
+static int latency_serving(const struct dilu_board *board, unsigned own, const uint32_t **word, uint32_t *value) {
+    uint64_t mask = __atomic_load_n(&board->latency_mask, __ATOMIC_ACQUIRE) & ~(1ull << own);
     while (mask != 0) {
-        int index = __builtin_ctzll(mask);
-        if (index < (int)DILU_SHM_MAX_SLOTS && __atomic_load_n(&slots[index].inflight, __ATOMIC_ACQUIRE) > 0) {
-            return 1;
+        unsigned index = (unsigned)__builtin_ctzll(mask);
+        const struct dilu_signal *signal = gate_peer_signal(index);
+        if (signal != NULL) {
+            uint32_t generation = __atomic_load_n(&signal->release_gen, __ATOMIC_ACQUIRE);
+            if (__atomic_load_n(&signal->inflight, __ATOMIC_ACQUIRE) > 0) {
+                *word = &signal->release_gen;
+                *value = generation;
+                return 1;
+            }
         }
         mask &= mask - 1;
     }
     return 0;
 }
 
-static void account_held(struct dilu_slot *slot, int64_t now, int64_t *since) {
-    __atomic_fetch_add(&slot->held_ns, now - *since, __ATOMIC_RELAXED);
+static void account_held(struct dilu_usage *usage, int64_t now, int64_t *since) {
+    __atomic_fetch_add(&usage->held_ns, now - *since, __ATOMIC_RELAXED);
     *since = now;
 }
 
 void release_before(CUstream stream, int ptsz, int64_t cost) {
-    struct dilu_shm_header *header = NULL;
-    struct dilu_slot *slot = gate_slot(&header);
-    if (slot == NULL || (__atomic_load_n(&slot->flags, __ATOMIC_ACQUIRE) & DILU_SLOT_LATENCY)) {
+    struct gate_view view;
+    if (!gate_view(&view) || (__atomic_load_n(&view.grant->flags, __ATOMIC_ACQUIRE) & DILU_SLOT_LATENCY)) {
         return;
     }
     int64_t held_since = 0;   /* only holds for latency work count as held: the floor's signal */
     for (;;) {
-        uint32_t generation = __atomic_load_n(&header->release_gen, __ATOMIC_ACQUIRE);
-        int floor_due = (__atomic_load_n(&slot->flags, __ATOMIC_ACQUIRE) & DILU_SLOT_FLOOR) != 0;
-        if (!floor_due && latency_serving(header)) {
+        int floor_due = (__atomic_load_n(&view.grant->flags, __ATOMIC_ACQUIRE) & DILU_SLOT_FLOOR) != 0;
+        const uint32_t *word = NULL;
+        uint32_t generation = 0;
+        if (!floor_due && latency_serving(view.board, view.slot, &word, &generation)) {
             int64_t now = shim_now_ns();
             if (held_since == 0) held_since = now;
             if (gate_manager_gone(now)) break;
-            account_held(slot, now, &held_since);
+            account_held(view.usage, now, &held_since);
             struct timespec timeout = {.tv_sec = 0, .tv_nsec = HOLD_POLL_NS};
-            syscall(SYS_futex, &header->release_gen, FUTEX_WAIT, generation, &timeout, NULL, 0);
+            syscall(SYS_futex, word, FUTEX_WAIT, generation, &timeout, NULL, 0);
             continue;
         }
         if (held_since != 0) {
-            account_held(slot, shim_now_ns(), &held_since);
+            account_held(view.usage, shim_now_ns(), &held_since);
             held_since = 0;
         }
-        int64_t window = __atomic_load_n(&slot->window, __ATOMIC_ACQUIRE);
+        int64_t window = __atomic_load_n(&view.grant->window, __ATOMIC_ACQUIRE);
         CUevent wait_for = NULL;
         if (window <= 0) {
             __atomic_store_n(&track.windowed, 0, __ATOMIC_RELAXED);   /* untracked from here */
@@ -189,15 +196,14 @@ void release_before(CUstream stream, int ptsz, int64_t cost) {
         track.synchronize(wait_for);   /* no lock held: other threads may launch meanwhile */
     }
     if (held_since != 0) {
-        account_held(slot, shim_now_ns(), &held_since);
+        account_held(view.usage, shim_now_ns(), &held_since);
     }
 }
 
 void release_after(CUstream stream, int ptsz, int64_t cost) {
-    struct dilu_shm_header *header = NULL;
-    struct dilu_slot *slot = gate_slot(&header);
-    if (slot == NULL || (__atomic_load_n(&slot->flags, __ATOMIC_ACQUIRE) & DILU_SLOT_LATENCY) ||
-        __atomic_load_n(&slot->window, __ATOMIC_ACQUIRE) <= 0) {
+    struct gate_view view;
+    if (!gate_view(&view) || (__atomic_load_n(&view.grant->flags, __ATOMIC_ACQUIRE) & DILU_SLOT_LATENCY) ||
+        __atomic_load_n(&view.grant->window, __ATOMIC_ACQUIRE) <= 0) {
         return;
     }
     pthread_mutex_lock(&track.lock);
@@ -220,7 +226,7 @@ void release_after(CUstream stream, int ptsz, int64_t cost) {
                 stop_tracking("recording an event after a launch failed");
             }
         }
-        __atomic_store_n(&slot->outstanding, track.launched - track.completed, __ATOMIC_RELAXED);
+        __atomic_store_n(&view.usage->outstanding, track.launched - track.completed, __ATOMIC_RELAXED);
     }
     pthread_mutex_unlock(&track.lock);
 }

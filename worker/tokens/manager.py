@@ -11,7 +11,10 @@ Dilu did before isolation, for comparison).
 
 Registration protocol (Unix socket, one connection per process, kept open: EOF = exit):
   shim -> manager   "HELLO <abi> <pid> <instance-id>\\n"
-  manager -> shim   "OK <slot> <generation>\\n" with the region's fd (SCM_RIGHTS), or "ERR <why>\\n"
+  manager -> shim   "OK <slot> <generation> <process>\\n" with four fds (SCM_RIGHTS: the board, the
+                    instance's grant, usage and signal; shim/include/dilu_shm.h), or "ERR <why>\\n"
+  shim -> manager   "SIGNAL <slot>\\n" (a batch shim, for a latency slot's requests in flight)
+  manager -> shim   "SIG <slot> <generation>\\n" with a read-only fd of its signal, or "NOSIG <slot> <generation>\\n"
 Each instance registers on a socket of its own, made when the worker admits it (``admit``);
 ``worker.tokens.peers`` says who is accepted there. The manager's own socket is its user's.
 """
@@ -33,8 +36,18 @@ from dilu.policy import isolation
 from dilu.policy.calibration import TokenCost, observe, token_rate
 from dilu.policy.isolation import BatchPeriod, IsolationContext, IsolationParams, IsolationState
 from dilu.policy.vertical import InstanceSlice, VerticalContext, VerticalParams, VerticalState, allocate
-from worker.tokens.peers import MAX_PROCESSES, Admission, instance_socket_path, listen_for, peer_of, refusal
-from worker.tokens.region import ABI, MAX_PROCS, MAX_SLOTS, SLOT_FLOOR, SLOT_LATENCY, Region, allowed_at, rebase
+from worker.tokens.peers import Admission, instance_socket_path, listen_for, peer_of, refusal
+from worker.tokens.region import (
+    ABI,
+    MAX_PROCS,
+    MAX_SLOTS,
+    SLOT_FLOOR,
+    SLOT_LATENCY,
+    InstanceRegion,
+    Region,
+    allowed_at,
+    rebase,
+)
 
 log = logging.getLogger(__name__)
 TELEMETRY_WINDOW_PERIODS = 200
@@ -45,6 +58,7 @@ CALIBRATE_EVERY_S = 0.2          # how often measured device time corrects each 
 # backing up into launches (a saturated queue blocks launches unevenly and skews the shares).
 HEADROOM = 0.02
 HELLO_WAIT_S = 1.0               # a connection that has not said HELLO by then is closed
+MAX_SIGNAL_ASKS = 4              # signals answered per message a shim sends: no shim makes the loop busy
 
 
 @dataclass
@@ -53,8 +67,9 @@ class _Instance:
 
     instance_id: str
     slot: int
-    last_consumed: int = 0
-    processes: set[int] = field(default_factory=set)     # process entries
+    shared: InstanceRegion
+    last_consumed: int = 0                 # the most it ever reported: its own rewinds count for nothing
+    processes: set[int] = field(default_factory=set)     # its process entries (usage.proc_mem indices)
     cost: TokenCost | None = None          # device time per token, once measured (closed loop)
     calibrated_consumed: int = 0           # tokens consumed at the last calibration
     last_held_ns: int = 0
@@ -76,9 +91,10 @@ class _Client:
     """One registered process (its socket's EOF is its exit)."""
 
     sock: socket.socket
-    proc: int
+    proc: int               # its entry in the instance's usage.proc_mem
     pid: int
     instance: _Instance
+    key: int = 0            # its key in the manager's table of clients
 
 
 class TokenManager:
@@ -103,7 +119,9 @@ class TokenManager:
         self._region = Region(int(self.params.period_s * 1e6))
         self._lock = threading.Lock()
         self._slices: dict[str, InstanceSlice] = {}
-        self._clients: dict[int, _Client] = {}  # by process entry
+        self._clients: dict[int, _Client] = {}  # by key
+        self._next_client = 0
+        self._slot_gens = [0] * MAX_SLOTS
         self._instances: dict[str, _Instance] = {}  # by the key of _instance_key
         self._state = VerticalState()
         self._shares: dict[str, float] = {}
@@ -174,24 +192,25 @@ class TokenManager:
 
     def _view(self, instance: _Instance) -> dict[str, Any]:
         """One instance's telemetry (caller holds the lock)."""
-        slot = self._region.slots[instance.slot]
+        grant, usage, signal = instance.shared.grant, instance.shared.usage, instance.shared.signal
         name = instance.instance_id
         klc = self._state.klc.get(name)
         ns_per_token = instance.cost.ns_per_token if instance.cost else self.default_ns_per_token
         # Tokens times what each costs (measured, or the default): a share of device time.
         used = sum(instance.deltas) * ns_per_token / ((len(instance.deltas) or 1) * self.params.period_s * 1e9)
-        waiting = slot.consumed > allowed_at(slot, time.monotonic_ns())
+        waiting = usage.consumed > allowed_at(grant, time.monotonic_ns())
         recent = name in self._state.last_active and time.monotonic() - self._state.last_active[name] < 0.1
         measured_klc = klc is not None and klc.last_klc is not None
         return {"granted_share": round(self._shares.get(name, 0.0), 4), "used_share": round(used, 4),
                 "klc_ms": round(klc.last_klc * self.params.period_s * 1000, 1) if measured_klc else None,
                 "stretch": round(klc.last_stretch or 1.0, 3) if measured_klc else None,
                 "state": "waiting" if waiting else "active" if recent else "idle",
-                "launches": slot.launches, "tokens": slot.consumed, "blocked_ms": round(slot.blocked_ns / 1e6, 3),
-                "memory_bytes": slot.memory_in_use, "processes": len(instance.processes),
+                "launches": max(0, usage.launches), "tokens": max(instance.last_consumed, usage.consumed),
+                "blocked_ms": round(max(0, usage.blocked_ns) / 1e6, 3),
+                "memory_bytes": instance.shared.memory_in_use(), "processes": len(instance.processes),
                 "ns_per_token": round(ns_per_token, 3), "batch_factor": round(self._state.batch_factor, 4),
-                "requests_in_flight": slot.inflight, "held_ms": round(slot.held_ns / 1e6, 3),
-                "window_tokens": slot.window, "outstanding_tokens": slot.outstanding,
+                "requests_in_flight": max(0, signal.inflight), "held_ms": round(max(0, usage.held_ns) / 1e6, 3),
+                "window_tokens": grant.window, "outstanding_tokens": max(0, usage.outstanding),
                 "floor_due": name in self._floors}
 
     # ---- lifecycle ----
@@ -226,6 +245,8 @@ class TokenManager:
         for client in list(self._clients.values()):
             client.sock.close()
         self._clients.clear()
+        for instance in self._instances.values():
+            instance.shared.close()
         self._instances.clear()
         if self._listener is not None:
             self._listener.close()
@@ -285,15 +306,14 @@ class TokenManager:
 
     def _period(self, now: float) -> None:
         with self._lock:
-            slots = self._region.slots
             active: set[str] = set()
             for instance in self._instances.values():
-                slot = slots[instance.slot]
-                consumed = slot.consumed
-                delta = consumed - instance.last_consumed
-                instance.last_consumed = consumed
-                instance.deltas.append(max(0, delta))
-                if delta > 0 or slot.inflight > 0 or consumed > allowed_at(slot, time.monotonic_ns()):
+                shared = instance.shared
+                consumed = shared.usage.consumed
+                delta = max(0, consumed - instance.last_consumed)
+                instance.last_consumed += delta
+                instance.deltas.append(delta)
+                if delta > 0 or shared.signal.inflight > 0 or consumed > allowed_at(shared.grant, time.monotonic_ns()):
                     active.add(instance.instance_id)
             instances = {i.instance_id for i in self._instances.values()}
             slices = tuple(self._slice_of(i) for i in sorted(instances))
@@ -306,12 +326,11 @@ class TokenManager:
             for instance in self._instances.values():
                 share = self._shares.get(instance.instance_id, 0.0)
                 rate = int(token_rate(share, instance.cost, self.default_ns_per_token) * (1 - HEADROOM))
-                slot = slots[instance.slot]
                 # Idle instances bank at most one period of tokens; debts carry over, but for
                 # latency work served under isolation (its launches never wait for tokens).
                 latency = self._slice_of(instance.instance_id).cls == "latency"
-                rebase(slot, now_ns, rate, int(rate * self.params.period_s),
-                       forgive_debt=self.isolation is not None and latency)
+                rebase(instance.shared.grant, instance.shared.usage.consumed, now_ns, rate,
+                       int(rate * self.params.period_s), forgive_debt=self.isolation is not None and latency)
             self._publish_release_rules()
             self.periods += 1
         self._region.refilled(time.monotonic_ns())
@@ -325,13 +344,12 @@ class TokenManager:
         next period (``dilu.policy.isolation``). Caller holds the lock."""
         if self.isolation is None:
             return
-        slots = self._region.slots
         latency = [i for i in self._instances.values() if self._slice_of(i.instance_id).cls == "latency"]
         batch = [i for i in self._instances.values() if self._slice_of(i.instance_id).cls != "latency"]
         periods = []
         for instance in batch:
-            slot = slots[instance.slot]
-            held, instance.last_held_ns = slot.held_ns - instance.last_held_ns, slot.held_ns
+            reported = instance.shared.usage.held_ns
+            held, instance.last_held_ns = reported - instance.last_held_ns, reported
             ns_per_token = instance.cost.ns_per_token if instance.cost else self.default_ns_per_token
             tokens = instance.deltas[-1] if instance.deltas else 0
             periods.append(BatchPeriod(instance.instance_id, self._slice_of(instance.instance_id).request,
@@ -342,14 +360,14 @@ class TokenManager:
         granted = decision.floors - self._floors
         self._floors = decision.floors
         for instance in latency:
-            slots[instance.slot].flags = SLOT_LATENCY
-            slots[instance.slot].window = 0
+            instance.shared.grant.flags = SLOT_LATENCY
+            instance.shared.grant.window = 0
         for instance in batch:
-            slots[instance.slot].window = decision.windows.get(instance.instance_id, 0)
-            slots[instance.slot].flags = SLOT_FLOOR if instance.instance_id in decision.floors else 0
+            instance.shared.grant.window = decision.windows.get(instance.instance_id, 0)
+            instance.shared.grant.flags = SLOT_FLOOR if instance.instance_id in decision.floors else 0
         self._region.header.latency_mask = sum(1 << i.slot for i in latency)
         if granted:
-            self._region.wake_held()
+            self._wake_held()
 
     # ---- the closed loop (its own thread: NVML calls may take milliseconds) ----
     def _calibrate_loop(self) -> None:
@@ -357,7 +375,7 @@ class TokenManager:
         self._device_time.busy_shares()          # starts the first interval
         with self._lock:
             for instance in self._instances.values():
-                instance.calibrated_consumed = self._region.slots[instance.slot].consumed
+                instance.calibrated_consumed = instance.last_consumed
         while not self._stop.wait(CALIBRATE_EVERY_S):
             try:
                 shares = self._device_time.busy_shares()
@@ -373,9 +391,9 @@ class TokenManager:
         the tokens it consumed meanwhile correct its cost per token."""
         with self._lock:
             for instance in self._instances.values():
-                consumed = self._region.slots[instance.slot].consumed
+                consumed = instance.last_consumed
                 tokens, instance.calibrated_consumed = consumed - instance.calibrated_consumed, consumed
-                pids = {self._clients[p].pid for p in instance.processes if p in self._clients}
+                pids = {c.pid for c in self._clients.values() if c.instance is instance}
                 share = sum(busy_by_pid.get(pid, 0.0) for pid in pids)
                 instance.cost = observe(instance.cost, device_share=share, interval_s=interval_s, tokens=tokens,
                                         default_ns_per_token=self.default_ns_per_token)
@@ -404,8 +422,8 @@ class TokenManager:
         if instance_id is not None:
             waiting = sum(1 for p in self._pending.values() if p.instance_id == instance_id)
             registered = len(self._instances[instance_id].processes) if instance_id in self._instances else 0
-            if waiting + registered >= MAX_PROCESSES:
-                _refuse(conn, f"instance {instance_id} has {MAX_PROCESSES} processes registered already")
+            if waiting + registered >= MAX_PROCS:
+                _refuse(conn, f"instance {instance_id} has {MAX_PROCS} processes registered already")
                 return
         conn.setblocking(False)
         pending = self._pending[conn.fileno()] = _Pending(conn, instance_id, time.monotonic())
@@ -456,7 +474,7 @@ class TokenManager:
         client, generation = reply
         try:
             socket.send_fds(conn, [f"OK {client.instance.slot} {generation} {client.proc}\n".encode()],
-                            [self._region.fd])
+                            [self._region.fd, *client.instance.shared.fds()])
         except OSError:
             pass        # it left at once: its EOF is read below like any exit
         conn.setblocking(False)
@@ -465,12 +483,9 @@ class TokenManager:
                  pid, client.instance.slot, client.proc)
 
     def _register(self, conn: socket.socket, pid: int, instance_id: str) -> tuple[_Client, int] | None:
-        """A process entry in its instance's slot (a new slot for the instance's first process);
-        None when the region is full (the shim is told why). Caller holds the lock."""
-        proc = next((i for i in range(MAX_PROCS) if i not in self._clients), None)
-        if proc is None:
-            conn.sendall(b"ERR no free process entry\n")
-            return None
+        """A process entry in its instance's slot (a new slot, with fresh memory, for the
+        instance's first process); None when there is no room (the shim is told why). Caller
+        holds the lock."""
         key = _instance_key(instance_id, pid)
         instance = self._instances.get(key)
         if instance is None:
@@ -479,57 +494,61 @@ class TokenManager:
             if free is None:
                 conn.sendall(b"ERR no free slot\n")
                 return None
-            instance = self._instances[key] = _Instance(instance_id, free)
-            self._fresh_slot(instance, pid)
-        slot = self._region.slots[instance.slot]
-        entry = self._region.procs[proc]
-        entry.mem_used = 0
-        entry.slot = instance.slot
-        entry.pid = pid
+            self._slot_gens[free] = (self._slot_gens[free] + 1) & 0xFFFFFFFF or 1
+            instance = self._instances[key] = _Instance(instance_id, free, InstanceRegion(free, self._slot_gens[free]))
+            self._fresh_slot(instance)
+        proc = next((i for i in range(MAX_PROCS) if i not in instance.processes), None)
+        if proc is None:
+            conn.sendall(f"ERR instance {instance_id} has {MAX_PROCS} processes registered already\n".encode())
+            return None
+        instance.shared.usage.proc_mem[proc] = 0
         instance.processes.add(proc)
-        slot.processes = len(instance.processes)
-        client = self._clients[proc] = _Client(sock=conn, proc=proc, pid=pid, instance=instance)
-        return client, slot.gen
+        self._next_client += 1
+        client = self._clients[self._next_client] = _Client(sock=conn, proc=proc, pid=pid, instance=instance,
+                                                            key=self._next_client)
+        return client, instance.shared.gen
 
-    def _fresh_slot(self, instance: _Instance, pid: int) -> None:
-        """Zeroed counters and one period of budget up front, so the first launch does not wait."""
-        index, instance_id = instance.slot, instance.instance_id
-        slot = self._region.slots[index]
-        slot.gen = (slot.gen + 1) & 0xFFFFFFFF
-        slot.pid = pid
-        slot.consumed = slot.launches = slot.blocked_ns = slot.mem_used = slot.mem_returned = 0
-        slot.processes = slot.inflight = 0
-        slot.held_ns = slot.outstanding = slot.window = slot.flags = 0
+    def _fresh_slot(self, instance: _Instance) -> None:
+        """Release rules and one period of budget up front, so the first launch does not wait."""
+        index, instance_id, grant = instance.slot, instance.instance_id, instance.shared.grant
         # Its release rules from its first launch, not from the next period: a latency instance
         # must never be held, and batch work beside latency work must not queue up meanwhile.
         if self.isolation is not None:
             if self._slice_of(instance_id).cls == "latency":
-                slot.flags = SLOT_LATENCY
+                grant.flags = SLOT_LATENCY
                 self._region.header.latency_mask |= 1 << index
                 for other in self._instances.values():
                     self._bound_window(other)
             else:
                 self._bound_window(instance)
+        self._region.header.slot_gen[index] = instance.shared.gen
         share = self._shares.get(instance_id)
         if share is None:
             known = self._slices.get(instance_id)
             share = known.limit if known else 1.0
         rate = int(token_rate(share, None, self.default_ns_per_token) * (1 - HEADROOM))
-        slot.granted_at_ns = time.monotonic_ns()
-        slot.granted = int(rate * self.params.period_s)
-        slot.rate_per_s = rate
+        grant.granted_at_ns = time.monotonic_ns()
+        grant.granted = int(rate * self.params.period_s)
+        grant.rate_per_s = rate
 
     def _bound_window(self, instance: _Instance) -> None:
         """Bounds a batch instance's window now if latency work shares the GPU (the period's
         decision refines it: measured cost, batch factor, floor). Caller holds the lock."""
-        slot = self._region.slots[instance.slot]
+        grant = instance.shared.grant
         if self._region.header.latency_mask and self._slice_of(instance.instance_id).cls != "latency" \
-                and slot.window == 0:
+                and grant.window == 0:
             ns_per_token = instance.cost.ns_per_token if instance.cost else self.default_ns_per_token
-            slot.window = isolation.window_tokens(self.isolation.window_s, ns_per_token)
+            grant.window = isolation.window_tokens(self.isolation.window_s, ns_per_token)
+
+    def _wake_held(self) -> None:
+        """Wakes batch launches held for latency work so they look again (a floor granted, a
+        latency instance gone); they wait on the latency instances' signals. Caller holds the lock."""
+        for instance in self._instances.values():
+            if self._region.header.latency_mask & (1 << instance.slot):
+                instance.shared.wake_held()
 
     def _client_event(self, client: _Client) -> None:
-        """Caller holds the sockets lock."""
+        """A registered process asked for signals, or left (EOF). Caller holds the sockets lock."""
         try:
             data = client.sock.recv(256)
         except BlockingIOError:
@@ -537,27 +556,49 @@ class TokenManager:
         except OSError:
             data = b""
         if data:
-            return  # shims send nothing after HELLO; ignore
+            for line in data.decode("ascii", errors="replace").splitlines()[:MAX_SIGNAL_ASKS]:
+                self._answer_signal(client, line.split())
+            return
         self._selector.unregister(client.sock)
         client.sock.close()
         instance = client.instance
         with self._lock:
-            self._clients.pop(client.proc, None)
-            entry, slot = self._region.procs[client.proc], self._region.slots[instance.slot]
+            self._clients.pop(client.key, None)
             # The process is gone: what it still held goes back to the instance.
-            slot.mem_returned += entry.mem_used
-            entry.pid = 0
+            instance.shared.grant.mem_returned += max(0, instance.shared.usage.proc_mem[client.proc])
+            instance.shared.usage.proc_mem[client.proc] = 0
             instance.processes.discard(client.proc)
-            slot.processes = len(instance.processes)
             if not instance.processes:
                 self._instances.pop(_instance_key(instance.instance_id, client.pid), None)
-                slot.pid = 0
                 # A latency instance that died serving must not hold anyone's launches (the next
                 # period would drop it too; this is at once).
                 self._region.header.latency_mask &= ~(1 << instance.slot)
-                self._region.wake_held()
+                instance.shared.wake_held()
+                instance.shared.close()
         log.info("%s: instance %s (pid %d) left slot %d", self.gpu_uuid, instance.instance_id, client.pid,
                  instance.slot)
+
+    def _answer_signal(self, client: _Client, words: list[str]) -> None:
+        """"SIGNAL <slot>": a read-only fd of that latency instance's signal, or why there is
+        none. Anything else a shim sends is ignored. Caller holds the sockets lock."""
+        if len(words) != 2 or words[0] != "SIGNAL" or not words[1].isdigit() or int(words[1]) >= MAX_SLOTS:
+            return
+        index = int(words[1])
+        with self._lock:
+            target = next((i for i in self._instances.values() if i.slot == index), None)
+            latency = target is not None and bool(self._region.header.latency_mask & (1 << index))
+            reader = target.shared.signal_reader_fd() if latency else None
+            gen = self._slot_gens[index]
+        try:
+            if reader is None:
+                client.sock.send(f"NOSIG {index} {gen}\n".encode())
+            else:
+                socket.send_fds(client.sock, [f"SIG {index} {gen}\n".encode()], [reader])
+        except OSError:
+            pass           # a shim that does not read its answers goes without
+        finally:
+            if reader is not None:
+                os.close(reader)
 
 
 def _realtime_priority() -> None:

@@ -21,7 +21,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-MAX_PROCESSES = 32      # processes of one instance registered at once (a server and its workers)
+from worker.tokens.region import MAX_PROCS as MAX_PROCESSES  # processes of one instance registered at once
 
 
 @dataclass(frozen=True)
