@@ -199,3 +199,38 @@ def _deploy_gpu_kernels(platform, tmp_path: Path, spec: str, name: str) -> str:
 
     return eventually(registered, timeout=30, what=f"{name}'s launches to be counted; logs: "
                       f"{platform.cli('logs', name).stdout}")
+
+
+@switching_users
+def test_a_function_cannot_write_the_token_memory_of_its_neighbours(start_platform, tmp_path: Path) -> None:
+    """From the intruder's own code, registered as itself on a simulated GPU: the board and its
+    grant refuse writes however it tries (a writable mapping, a write, reopening through /proc),
+    its usage cannot be shrunk under the manager, the latency neighbour's signal comes read-only
+    and stays so; writing an absurd consumption into its own usage leaves the neighbour serving."""
+    build_shim()
+    platform = start_platform(env={"DILU_FAKE_GPUS": "1", "DILU_GPUS": "none"})
+    latency = (ROOT / "examples" / "synthetic-gpu" / "latency.yaml").read_text().replace(
+        "sm_request: 0.5, sm_limit: 0.75", "sm_request: 0.3, sm_limit: 0.4")
+    victim = _deploy_gpu_kernels(platform, tmp_path, latency, "neighbour")
+    deploy_tenant(platform, tmp_path, "intruder", gpu=True)
+    tried = attempt(platform, "intruder", "region")
+    assert tried["reply"] == "OK" and tried["fds"] == 4, tried
+    for name in ("board", "grant"):
+        assert tried[f"{name}_map_writable"] == "PermissionError", tried
+        assert tried[f"{name}_write"] == "PermissionError", tried
+        assert tried[f"{name}_reopened_write"] == "PermissionError", tried
+    assert tried["usage_shrink"] == "PermissionError", tried
+    assert tried["latency_slots"] and tried["signal_answer"] == "SIG", tried
+    assert tried["signal_readable"] == "done" and tried["signal_map_writable"] == "PermissionError", tried
+    assert tried["signal_reopened_write"] == "PermissionError", tried
+
+    def counted() -> dict:
+        (row,) = platform.instances("neighbour")
+        return row["telemetry"]
+
+    before = counted()
+    assert platform.invoke("neighbour", {}).status_code == 200
+    after = eventually(lambda: (view := counted())["launches"] > before["launches"] and view, timeout=30,
+                       what="the neighbour's launches to be counted")
+    assert after["tokens"] < 2 ** 40, f"{victim}'s consumption was written from outside: {after}"
+    assert after["state"] != "waiting", after
