@@ -18,7 +18,11 @@ process (started ahead, instance server imported) takes each CPU cold start;
 ``DILU_SPARE_PROCESSES=0`` (``--no-spares``) measures fresh processes instead. Beside them, the same
 benchmark runs ``python -c "import torch"`` to show what importing torch costs on this machine.
 
-    python bench/cold_start.py [--rounds 3] [--no-spares]
+    python bench/cold_start.py [--rounds 3] [--no-spares] [--against TREE]
+
+``--against TREE`` runs a second platform from another checkout of Dilu (a commit before a
+change: ``git worktree add /tmp/before <commit>``) beside this one, the cold starts alternating
+between the two, and prints the difference part by part: what the change costs a start.
 
 Targets: the platform's part at most 150 ms; a PyTorch function's cold start at most 1.5 x
 (import + load).
@@ -96,35 +100,64 @@ def import_torch_s(rounds: int) -> float:
     return statistics.median(times)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--no-spares", action="store_true", help="start every instance as a fresh process")
-    args = parser.parse_args()
-    workdir = Path(tempfile.mkdtemp(prefix="dilu-coldstart-"))
-    platform = Platform(workdir / "home", env={"DILU_SPARE_PROCESSES": "0"} if args.no_spares else None)
-    results: dict[str, list[dict[str, float]]] = {}
-    try:
-        for name, (folder, handler, _) in FUNCTIONS.items():
-            source = shutil.copytree(folder, workdir / name)
-            (source / "model.yaml").write_text(SPEC.format(name=name, handler=handler))
-            assert platform.deploy_file(source / "model.yaml").status_code == 201
-            platform.wait_ready(name)
-        torch_import = import_torch_s(args.rounds)
-        for _ in range(args.rounds):
-            for name, (_, _, body) in FUNCTIONS.items():
-                results.setdefault(name, []).append(one_cold_start(platform, name, body))
-    finally:
-        platform.close()
-        shutil.rmtree(workdir, ignore_errors=True)
+def start_platform(home: Path, no_spares: bool, tree: Path | None) -> Platform:
+    """A platform with the functions deployed, scaled to zero; from ``tree`` when given."""
+    env = {"DILU_SPARE_PROCESSES": "0"} if no_spares else {}
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree)      # its dilu, gateway and worker packages, and its instances'
+    platform = Platform(home / "home", env=env)
+    for name, (folder, handler, _) in FUNCTIONS.items():
+        source = shutil.copytree(folder, home / name)
+        (source / "model.yaml").write_text(SPEC.format(name=name, handler=handler))
+        assert platform.deploy_file(source / "model.yaml").status_code == 201
+        platform.wait_ready(name)
+    return platform
 
+
+def print_medians(title: str, results: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, float]]:
     columns = PARTS + ("total", "platform")
-    print(f"median of {args.rounds} cold starts, milliseconds (the function's slice is 10 % of the host's CPU)")
+    print(title)
     print(f"{'function':<12} " + " ".join(f"{c:>9}" for c in columns))
     medians = {}
     for name, runs in results.items():
         medians[name] = {c: statistics.median(r[c] for r in runs) for c in columns}
         print(f"{name:<12} " + " ".join(f"{medians[name][c] * 1000:>9.0f}" for c in columns))
+    return medians
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--no-spares", action="store_true", help="start every instance as a fresh process")
+    parser.add_argument("--against", type=Path, help="another checkout of Dilu to run beside this one")
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="dilu-coldstart-"))
+    (workdir / "this").mkdir()
+    platforms = {"this": start_platform(workdir / "this", args.no_spares, None)}
+    results: dict[str, dict[str, list[dict[str, float]]]] = {"this": {}}
+    try:
+        if args.against is not None:
+            (workdir / "against").mkdir()
+            platforms["against"] = start_platform(workdir / "against", args.no_spares, args.against.resolve())
+            results["against"] = {}
+        torch_import = import_torch_s(args.rounds)
+        for _ in range(args.rounds):
+            for which, platform in platforms.items():     # alternating: both see the same machine
+                for name, (_, _, body) in FUNCTIONS.items():
+                    results[which].setdefault(name, []).append(one_cold_start(platform, name, body))
+    finally:
+        for platform in platforms.values():
+            platform.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    title = f"median of {args.rounds} cold starts, milliseconds (the function's slice is 10 % of the host's CPU)"
+    medians = print_medians(title, results["this"])
+    if args.against is not None:
+        before = print_medians(f"\nthe same, from {args.against}", results["against"])
+        print("\nthis checkout minus the other, milliseconds")
+        for name in medians:
+            print(f"{name:<12} " + " ".join(f"{c} {(medians[name][c] - before[name][c]) * 1000:+.0f}"
+                                          for c in ("spawn", "runtime", "platform", "total")))
     torch_row = medians["tiny-torch"]
     print(f"\npython -c 'import torch' on this machine: {torch_import * 1000:.0f} ms "
           f"(inside the instance: {torch_row['imports'] * 1000:.0f} ms)")

@@ -8,6 +8,7 @@ import gc
 import json
 import logging
 import os
+import resource
 import socket
 from pathlib import Path
 
@@ -33,6 +34,10 @@ def main() -> None:
         os.nice(-10)       # ahead of ordinary work on the host, when allowed (root)
     except OSError:
         pass
+    # Up to 64 instances of 32 processes each hold a connection: more than the usual soft limit.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft != resource.RLIM_INFINITY and soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     device_time = open_device_time(args.gpu) if args.measure else None
     manager = TokenManager(gpu_uuid=args.gpu, socket_path=Path(args.socket), capacity_per_s=args.capacity,
                            device_time=device_time,

@@ -1,7 +1,7 @@
 """Who may register with a GPU's token manager, and through which socket.
 
 Every instance the worker starts on the GPU is admitted first (``Admission``): it gets a socket
-of its own, in a folder only its user can enter, and a registration on it is accepted only from
+of its own, that only its user can connect to, and a registration on it is accepted only from
 a peer the kernel vouches for (``SO_PEERCRED``): the instance's uid and, where instances are
 cgroups, a process inside the instance's group. The instance id a shim claims must be the
 socket's; at most ``MAX_PROCESSES`` processes of one instance hold process entries at once, so no
@@ -75,22 +75,22 @@ def instance_socket_path(directory: Path, instance_id: str) -> Path:
 
 
 def listen_for(path: Path, uid: int | None) -> socket.socket:
-    """A listening socket at ``path`` that only ``uid`` (and root) can reach: its folder is
-    0700 and both belong to that user. ``uid`` None (a user the manager cannot resolve): the
-    socket is open to whoever can enter the folder, which only its container sees."""
+    """A listening socket at ``path`` that only ``uid`` (and root) can connect to: the socket
+    is its, mode 0600. Its folder stays the manager's (0711: entered, never listed or changed by
+    an instance, so no one can swap the socket for a link the manager would then chown).
+    ``uid`` None (a user the manager cannot resolve): open to whoever reaches the folder, which
+    only its container sees."""
     folder = path.parent
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    folder.parent.chmod(0o711)      # entered, never listed: one instance cannot find another's socket
-    folder.mkdir(exist_ok=True)
-    folder.chmod(0o700 if uid is not None else 0o711)
+    for made in (folder.parent, folder):
+        made.mkdir(exist_ok=True)
+        made.chmod(0o711)        # entered, never listed: one instance cannot find another's socket
     path.unlink(missing_ok=True)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         listener.bind(str(path))
-        os.chmod(path, 0o600 if uid is not None else 0o666)
+        os.chmod(path, 0o600 if uid is not None else 0o666)     # the folder is root's: nothing swapped it
         if uid is not None and uid != os.geteuid():
-            os.chown(path, uid, -1)
-            os.chown(folder, uid, -1)
+            os.chown(path, uid, -1, follow_symlinks=False)
         listener.listen(MAX_PROCESSES)
     except OSError:
         listener.close()
