@@ -5,7 +5,7 @@ revoking every key does not turn it off again (``dilu keys reopen``, on the data
 Before that the platform is open, which only a gateway on a loopback address may be (``roles``
 refuses to start one on any other address, and such a gateway stays closed for its whole life),
 and an open platform answers only loopback names and its own pages (``gateway.origin``), and
-only this machine's users, not its functions' instances (``gateway.peers``). Keys
+only this machine's users, not its functions' instances (``dilu.peers``). Keys
 are read from the database into memory and refreshed periodically and on a miss, so checking a
 key costs no I/O on the hot path.
 """
@@ -25,8 +25,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dilu.db import repo
 from dilu.keys import Need, allows, parse, secret_matches
+from dilu.peers import PeerUids
 from gateway.origin import refusal
-from gateway.peers import PeerUids
 
 if TYPE_CHECKING:   # the services hold the authenticator: a cycle at run time
     from gateway.services import GatewayServices

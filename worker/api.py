@@ -10,14 +10,32 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from dilu.messages import StartInstance
+from dilu.peers import PeerUids
 from dilu.slices import ComputeSlice, SliceError
 from worker.agent import WorkerAgent
 
 
-def create_worker_api(agent: WorkerAgent, cluster_key: str | None = None) -> FastAPI:
+def create_worker_api(agent: WorkerAgent, cluster_key: str | None = None,
+                      instance_uids: tuple[int, int] | None = None) -> FastAPI:
     """The API; with ``cluster_key`` every call must carry it (``Authorization: Bearer``): a
-    start order runs code, so only the controller and gateways may give one."""
+    start order runs code, so only the controller and gateways may give one. Without one (a
+    worker on loopback) it answers this machine's users, but not callers whose socket belongs to
+    ``instance_uids``: a function must not start, stop or resize instances."""
     app = FastAPI(title="Dilu worker", version="0.1.0")
+
+    if not cluster_key and instance_uids is not None:
+        peers, (first, last) = PeerUids(), instance_uids
+
+        @app.middleware("http")
+        async def not_its_instances(request: Request,
+                                    call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+            client, server = request.scope.get("client"), request.scope.get("server")
+            uid = peers.of(tuple(client), tuple(server)) if client and server else None
+            if uid is not None and first <= uid <= last:
+                return JSONResponse({"error": f"this worker has no cluster key, so it takes orders only from this "
+                                              f"machine's users, and this call comes from a function's instance "
+                                              f"(uid {uid}); set DILU_CLUSTER_KEY on every role"}, status_code=403)
+            return await call_next(request)
 
     if cluster_key:
         expected = f"Bearer {cluster_key}".encode()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from cli.roles.serving import OnReady, StartupError, http_server, listen, serve
 from dilu.addresses import is_loopback
 from dilu.artifacts import ArtifactStore
-from dilu.config import WorkerSettings
+from dilu.config import WorkerSettings, parse_range
 from dilu.db.engine import make_engine, make_session_factory
 from dilu.default_impl import create_store
 from dilu.messages import DeviceInfo, WorkerInfo
@@ -104,7 +105,9 @@ async def run_worker(settings: WorkerSettings, on_ready: OnReady | None = None) 
         await asyncio.to_thread(_register, sessions, [agent.info for agent in agents])
     except Exception as exc:  # noqa: BLE001 - the controller registers it from heartbeats too
         log.warning("could not register the worker in the database: %s", exc)
-    servers = [http_server(create_worker_api(agent, settings.cluster_key)) for agent in agents]
+    # Its instances run as these uids only when it is root; then an open API refuses them.
+    instance_uids = parse_range(settings.instance_uids) if os.geteuid() == 0 else None
+    servers = [http_server(create_worker_api(agent, settings.cluster_key, instance_uids)) for agent in agents]
     background = [asyncio.create_task(agent.run()) for agent in agents]
     background += [asyncio.create_task(server.serve(sockets=[sock])) for server, sock in zip(servers[1:], socks[1:],
                                                                                              strict=True)]

@@ -234,3 +234,48 @@ def test_a_function_cannot_write_the_token_memory_of_its_neighbours(start_platfo
                        what="the neighbour's launches to be counted")
     assert after["tokens"] < 2 ** 40, f"{victim}'s consumption was written from outside: {after}"
     assert after["state"] != "waiting", after
+
+
+@switching_users
+def test_a_worker_without_a_cluster_key_takes_no_orders_from_its_functions(tmp_path: Path, postgres_url: str,
+                                                                           redis_prefix: str) -> None:
+    """Separate roles on loopback, no DILU_CLUSTER_KEY: the worker's API answers the machine's
+    users, and refuses a function's own code trying to list, stop or start instances on it."""
+    import subprocess
+
+    import httpx
+
+    from tests.conftest import REDIS_URL
+    from tests.e2e.test_separate_roles import _free_port
+    from tests.platform import dilu_executable, start_role
+
+    env = {"DILU_DATABASE_URL": postgres_url, "DILU_REDIS_URL": REDIS_URL, "DILU_REDIS_PREFIX": redis_prefix,
+           "DILU_HOME": str(tmp_path / "home"), "DILU_PROFILING": "false"}
+    migrated = subprocess.run([dilu_executable(), "migrate"], env={**os.environ, **env}, capture_output=True,
+                              text=True, timeout=120)
+    assert migrated.returncode == 0, migrated.stderr
+    worker_port = _free_port()
+    roles = [start_role(["worker"], {**env, "DILU_PORT": str(worker_port)}, tmp_path / "worker.log")]
+    try:
+        roles.append(start_role(["controller"], env, tmp_path / "controller.log", wait_for_url=False))
+        gateway = start_role(["gateway"], {**env, "DILU_PORT": "0"}, tmp_path / "gateway.log")
+        roles.append(gateway)
+        source = shutil.copytree(FIXTURE_FUNCTIONS / "tenant", tmp_path / "tenant")
+        deployed = subprocess.run([dilu_executable(), "deploy", str(source / "model.yaml")],
+                                  env={**os.environ, **env, "DILU_URL": gateway.url}, capture_output=True, text=True,
+                                  timeout=180)
+        assert deployed.returncode == 0, deployed.stderr
+        worker = f"http://127.0.0.1:{worker_port}"
+        with httpx.Client(base_url=gateway.url, timeout=60) as http:
+            (instance,) = http.get("/v1/functions/tenant/instances").json()
+            calls = [("GET", f"{worker}/v1/instances"), ("DELETE", f"{worker}/v1/instances/{instance['id']}"),
+                     ("POST", f"{worker}/v1/instances")]
+            reply = http.post("/v1/functions/tenant/invoke", json={"attempt": "call", "calls": calls})
+            assert reply.status_code == 200, reply.text
+            for answer in reply.json()["calls"]:
+                assert answer["status"] == 403 and "no cluster key" in answer["body"], answer
+            assert http.post("/v1/functions/tenant/invoke", json={"attempt": "whoami"}).status_code == 200
+        assert httpx.get(f"{worker}/v1/instances", timeout=10).status_code == 200   # the machine's users may
+    finally:
+        for role in roles:
+            role.stop()

@@ -1,7 +1,8 @@
 """Who is on the other end of a TCP connection from this host: the uid that owns its socket.
 
 An open platform (no key yet) is open to this machine's users, not to its functions: a request
-whose socket belongs to an instance's uid is refused (``gateway.auth``). The kernel says who owns
+whose socket belongs to an instance's uid is refused (``gateway.auth``; a worker without a
+cluster key likewise, ``worker.api``). The kernel says who owns
 a socket through sock_diag (what ``ss -e`` reads): one exact lookup of the connection's four
 addresses, microseconds, no privilege needed. The answer is kept per connection for a second (a
 connection's addresses are not reused while it or its TIME_WAIT lasts).
