@@ -109,6 +109,7 @@ def test_raw_http_errors_name_the_problem(iris) -> None:
         (json.dumps({"inputs": []}).encode(), 400, "non-empty list"),
         (json.dumps({"inputs": [{**tensor, "data": [1, 2, 3]}]}).encode(), 400, "3 elements given"),
         (json.dumps({"inputs": [{**tensor, "data": [1, 2, 3, "x"]}]}).encode(), 400, "FP32 elements are numbers"),
+        (json.dumps({"inputs": [{**tensor, "data": [[1, 2], [3, 4]]}]}).encode(), 400, "level by level"),
         (json.dumps({"inputs": [{**tensor, "name": "other", "data": [1, 2, 3, 4]}]}).encode(), 400, "no input 'other'"),
         (json.dumps({"inputs": [{**tensor, "data": [1, 2, 3, 4]}], "outputs": [{"name": "x"}]}).encode(),
          400, "no output 'x'"),
