@@ -76,6 +76,10 @@ class Scaling(_Strict):
     min_instances: int = Field(0, ge=0, le=1000)
     max_instances: int = Field(4, ge=1, le=1000)
     keep_alive_s: float = Field(60.0, ge=0, description="Idle time before the last instances stop")
+    target_concurrency: int | None = Field(
+        None, ge=1, le=4096, description="Requests (streams for their whole duration) in flight per instance before "
+                                         "another is added; default: the batch size for a function that streams "
+                                         "text, else twice the batch size and the profile's latency model")
 
     @model_validator(mode="after")
     def _bounds(self) -> Scaling:
@@ -209,6 +213,14 @@ class SpecModel(_Strict):
                 raise ValueError(f"arrays with batching: requests are stacked along the first axis, so each tensor's "
                                  f"first dimension is -1 (not so for {', '.join(fixed)})")
         return self
+
+    def occupancy_target(self) -> int | None:
+        """Requests in flight per instance before another is added: ``scaling.target_concurrency``,
+        or for a function that streams text its batch size (a queued stream waits a whole stream,
+        not a service time); None: the rate and the latency model decide alone."""
+        if self.scaling.target_concurrency is not None:
+            return self.scaling.target_concurrency
+        return self.batching.max_batch_size if self.generates == "text" else None
 
     @property
     def serves_v2(self) -> bool:

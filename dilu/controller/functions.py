@@ -100,6 +100,7 @@ class FunctionManager:
             memory.scaling = observe_second(memory.scaling, float(second), activity.requests[second], self.params)
             memory.last_second_seen = second
         throughput = profile.throughput_per_s if profile is not None and profile.status == "done" else None
+        target = spec.occupancy_target()      # in flight per instance, streams for their whole duration
         # The newest second every gateway has flushed (a flush period late, and as much again for
         # a busy gateway): the second just ended still lacks the counts of its last flush.
         flushed = int(now - 2 * self.settings.stats_flush_s) - 1
@@ -109,7 +110,8 @@ class FunctionManager:
             now=now, current=len(current), min_instances=scaling.min_instances, max_instances=scaling.max_instances,
             status=function.status, starting=sum(1 for r in current if r.state != READY),
             in_flight=activity.in_flight, queued=activity.queued,
-            concurrency_per_instance=2 * spec.batching.max_batch_size,
+            concurrency_per_instance=target or 2 * spec.batching.max_batch_size,
+            target_concurrency=target or math.inf,
             rate_per_s=float(activity.requests.get(flushed, 0)), throughput_per_instance=throughput,
             at_vertical_limit=_at_limits(current, telemetry), latency_target_s=spec.slo.p99_ms / 1000,
             idle_s=math.inf if last_active is None else max(0.0, now - last_active),

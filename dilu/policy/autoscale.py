@@ -40,7 +40,8 @@ class ScalingInputs:
     starting: int = 0
     in_flight: int = 0
     queued: int = 0
-    concurrency_per_instance: int = 2
+    concurrency_per_instance: int = 2   # unprofiled: in flight per instance before another is added
+    target_concurrency: float = math.inf   # the target in flight per instance (``scaling.target_concurrency``)
     rate_per_s: float = 0.0             # requests in the newest complete second
     throughput_per_instance: float | None = None   # from the profile; None: not profiled (no lazy scaling)
     at_vertical_limit: bool = True
@@ -69,7 +70,8 @@ def plan(inputs: ScalingInputs, state: ScalingState, params: ScalingParams = Sca
         decision, horizontal_state = horizontal.decide(horizontal.HorizontalContext(
             inputs.now, inputs.current, inputs.min_instances, inputs.max_instances, inputs.rate_per_s,
             inputs.throughput_per_instance, queued=inputs.queued, at_vertical_limit=inputs.at_vertical_limit,
-            params=params.horizontal, in_flight=inputs.in_flight, latency_target_s=inputs.latency_target_s),
+            params=params.horizontal, in_flight=inputs.in_flight, latency_target_s=inputs.latency_target_s,
+            target_concurrency=inputs.target_concurrency),
             state.horizontal)
         lazy, reason = decision.desired, decision.reason
     keep = keepalive.decide(state.keepalive, inputs.idle_s, fixed_keep_alive_s=inputs.keep_alive_s,

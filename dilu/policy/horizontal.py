@@ -2,11 +2,13 @@
 absorb, remove them lazily, when capacity has stayed unused.
 
 Every ``interval_s`` the controller records a sample: a second's request rate and the requests
-outstanding (in flight or queued). A sample is *over* N instances when its rate exceeds N x
-per-instance throughput, or when more requests are outstanding than N instances answer within
-the latency target (N x throughput x target, Little's law): clients with bounded connection
-pools send no faster than they are answered, so under overload their rate stalls at what is
-served while their requests pile up. Scale out when the instances already run at their compute
+outstanding (in flight or queued, streams for their whole duration). A sample is *over* N
+instances when its rate exceeds N x per-instance throughput, when more requests are outstanding
+than N instances answer within the latency target (N x throughput x target, Little's law), or
+when more are outstanding than N instances hold at their target concurrency (occupancy: a
+stream of 10 s is one request in a rate but occupies its slot all along): clients with bounded
+connection pools send no faster than they are answered, so under overload their rate stalls at
+what is served while their requests pile up. Scale out when the instances already run at their compute
 limits (vertical headroom is used up) and either the newest sample is over N with more requests
 outstanding than the sample before (the trend: waiting for a count of overloaded seconds would
 let a burst miss its SLO for that long, and then for a cold start) or, over a sliding window of
@@ -44,6 +46,7 @@ class HorizontalContext:
     params: HorizontalParams = HorizontalParams()
     in_flight: int = 0                # requests the instances have and have not answered yet
     latency_target_s: float = math.inf   # the function's p99 target (inf: outstanding requests never count)
+    target_concurrency: float = math.inf  # requests in flight per instance before another is added
 
 
 class Sample(NamedTuple):
@@ -82,6 +85,8 @@ def decide(ctx: HorizontalContext, state: HorizontalState) -> tuple[ScaleDecisio
         return ScaleDecision(ctx.current), state
     holds = capacity * ctx.latency_target_s    # outstanding requests one instance answers in time
 
+    holds = min(holds, ctx.target_concurrency)
+
     def over(sample: Sample, instances: int) -> bool:
         return sample.rate_per_s > instances * capacity or sample.outstanding > instances * holds
 
@@ -97,9 +102,11 @@ def decide(ctx: HorizontalContext, state: HorizontalState) -> tuple[ScaleDecisio
     if (rising or len(above) >= params.out_samples) and ctx.current < ctx.max_instances:
         if not ctx.at_vertical_limit:
             return ScaleDecision(ctx.current, "overloaded, but instances still have vertical headroom"), state
-        # Sized by the median rate over; an overload seen only as a backlog adds one instance.
+        # Sized by the median rate over and by the median occupancy over (at the target), at
+        # least one more; a backlog seen only against the latency target adds one instance.
         rates = sorted(s.rate_per_s for s in above)
-        desired = clamp(max(ctx.current + 1, math.ceil(rates[len(rates) // 2] / capacity)))
+        by_occupancy = _occupancy_need(sorted(s.outstanding for s in above), ctx.target_concurrency)
+        desired = clamp(max(ctx.current + 1, math.ceil(rates[len(rates) // 2] / capacity), by_occupancy))
         backlog = f" or {holds:.3g} outstanding per instance" if math.isfinite(holds) else ""
         return ScaleDecision(desired, f"{len(above)}/{len(samples)} samples above {ctx.current} x "
                                       f"{capacity:g} req/s{backlog}", True), HorizontalState((), ctx.now, newest)
@@ -109,3 +116,10 @@ def decide(ctx: HorizontalContext, state: HorizontalState) -> tuple[ScaleDecisio
                                               f"{ctx.current - 1} x {capacity:g} req/s", True), \
             HorizontalState((), ctx.now, newest)
     return ScaleDecision(ctx.current), state
+
+
+def _occupancy_need(outstanding: list[int], target: float) -> int:
+    """Instances that hold the median of ``outstanding`` (sorted) at ``target`` each (0: no target)."""
+    if not outstanding or not math.isfinite(target) or target <= 0:
+        return 0
+    return math.ceil(outstanding[len(outstanding) // 2] / target)

@@ -73,3 +73,17 @@ def test_an_unloaded_function_asks_to_be_decided_again_when_its_pre_warm_is_due(
     due, _ = plan(ScalingInputs(now=205.0 + unloaded.recheck_in_s + 0.01, current=0,
                                 idle_s=5.0 + unloaded.recheck_in_s + 0.01, cold_start_s=1.0), state, PARAMS)
     assert due.desired == 1 and due.reason.startswith("pre-warm")
+
+
+def test_a_target_of_two_with_eight_in_flight_asks_for_four_instances() -> None:
+    """Before a profile by the replica rule at once; after one by the horizontal rule's trend
+    (the second before had less in flight)."""
+    for profiled in (None, 10.0):
+        for most, expect in ((6, 4), (3, 3)):     # within max_instances
+            state = ScalingState()
+            for second, in_flight in ((1.0, 0), (2.0, 8)):
+                decision, state = plan(ScalingInputs(
+                    now=second, current=1, max_instances=most, in_flight=in_flight, rate_per_s=0.5,
+                    concurrency_per_instance=2, target_concurrency=2, throughput_per_instance=profiled,
+                    idle_s=0.0), state, PARAMS)
+            assert decision.desired == expect, (profiled, most, decision)

@@ -105,3 +105,30 @@ def test_the_window_clears_after_acting() -> None:
         now += 1.0
         decision, state = decide(HorizontalContext(now, 2, 0, 5, 25.0, 10.0, params=P), state)
     assert decision.changed and state.samples == ()
+
+
+def feed_occupancy(outstanding: list[int], *, current: int = 1, target: float = 4, max_instances: int = 8) -> list:
+    """One sample a second with no arrivals to speak of (long streams): only occupancy varies."""
+    state, changes, now = HorizontalState(), [], 0.0
+    for count in outstanding:
+        now += 1.0
+        decision, state = decide(HorizontalContext(now, current, 0, max_instances, 0.2, 10.0, params=P,
+                                                   in_flight=count, target_concurrency=target), state)
+        if decision.changed:
+            changes.append(decision.desired)
+            current = decision.desired
+    return changes
+
+
+@pytest.mark.parametrize(("label", "outstanding", "kwargs", "expect_changes"), [
+    ("saturating streams scale out at once, sized to the target", [0, 8], {"target": 2}, [4]),
+    ("full occupancy with no new arrivals scales out after the window", [8] * 5, {}, [2]),
+    ("occupancy within the target is no overload", [4] * 10, {}, []),
+    ("capped at the maximum", [0, 40], {"target": 2, "max_instances": 3}, [3]),
+    ("occupancy that still needs both instances keeps them", [6] * 10, {"current": 2}, []),
+    ("occupancy that fits one instance scales in", [3] * 8, {"current": 2}, [1]),
+    ("without a target occupancy alone never scales", [0, 100] + [100] * 8, {"target": float("inf")}, []),
+])
+def test_occupancy_counts_whatever_the_rate(label: str, outstanding: list[int], kwargs: dict,
+                                            expect_changes: list[int]) -> None:
+    assert feed_occupancy(outstanding, **kwargs) == expect_changes, label
