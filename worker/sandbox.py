@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import stat
+import sys
 import tempfile
 from pathlib import Path
 
@@ -24,7 +25,8 @@ from worker.uids import InstanceUser, UidRegistry
 _PR_SET_PDEATHSIG = 1
 _PR_SET_DUMPABLE = 4
 _CLONE_NEWNS = 0x00020000
-_MS_NOSUID, _MS_NODEV, _MS_REC, _MS_SLAVE = 0x2, 0x4, 0x4000, 0x80000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND = 0x1, 0x2, 0x4, 0x20, 0x1000
+_MS_REC, _MS_SLAVE = 0x4000, 0x80000
 PRIVATE_TEMP = ("/tmp", "/var/tmp", "/dev/shm")      # the folders every user may write
 SANDBOX_PARENT = Path("/run")   # root's own, and out of PRIVATE_TEMP: instances must still reach their folder
 
@@ -46,21 +48,54 @@ def set_dumpable() -> None:
         pass
 
 
-def private_temp(size_bytes: int) -> None:
+def private_temp(size_bytes: int, keep: tuple[str, ...] = ()) -> None:
     """Gives the calling root process (about to become an instance) a mount namespace of its own
     with a fresh tmpfs of ``size_bytes`` on each of ``PRIVATE_TEMP``: what one function writes there,
     no other sees. Its mounts are slaves of the host's, so nothing it mounts reaches the host.
-    Raises OSError when the kernel refuses (no CAP_SYS_ADMIN)."""
+    ``keep``: folders inside those (the platform's own install, where it lives under /tmp) that
+    stay visible in the new ones, read-only (``kept_in_temp``). Raises OSError when the kernel
+    refuses (no CAP_SYS_ADMIN)."""
     libc = ctypes.CDLL(None, use_errno=True)
+
+    def mount(source: bytes | None, target: str, kind: bytes | None, flags: int, options: bytes | None) -> None:
+        if libc.mount(source, target.encode(), kind, flags, options) != 0:
+            error = ctypes.get_errno()
+            raise OSError(error, f"a private {target}: {os.strerror(error)}")
+
     if libc.unshare(_CLONE_NEWNS) != 0 or libc.mount(b"none", b"/", None, _MS_REC | _MS_SLAVE, None) != 0:
         error = ctypes.get_errno()
         raise OSError(error, f"a mount namespace of its own: {os.strerror(error)}")
+    held = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY)) for path in keep if os.path.isdir(path)]
     options = f"size={size_bytes},mode=1777".encode()
     for target in PRIVATE_TEMP:
-        if os.path.isdir(target) and libc.mount(b"tmpfs", target.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV,
-                                                options) != 0:
-            error = ctypes.get_errno()
-            raise OSError(error, f"a private {target}: {os.strerror(error)}")
+        if os.path.isdir(target):
+            mount(b"tmpfs", target, b"tmpfs", _MS_NOSUID | _MS_NODEV, options)
+    for path, fd in held:     # the originals, reached through descriptors opened before the tmpfs hid them
+        os.makedirs(path, mode=0o755, exist_ok=True)
+        mount(f"/proc/self/fd/{fd}".encode(), path, None, _MS_BIND | _MS_REC, None)
+        mount(None, path, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY, None)
+        os.close(fd)
+
+
+def kept_in_temp(paths: list[str]) -> tuple[str, ...]:
+    """The folders right inside ``PRIVATE_TEMP`` that hold any of ``paths`` (the Python and the
+    code instances run): a private /tmp must not hide the platform itself (pure)."""
+    kept = set()
+    for path in paths:
+        for temp in PRIVATE_TEMP:
+            if path.startswith(temp + "/"):
+                kept.add(f"{temp}/{path[len(temp) + 1:].split('/', 1)[0]}")
+    return tuple(sorted(kept))
+
+
+def platform_paths(python: str) -> list[str]:
+    """Where what an instance runs comes from: the Python (``python``, its prefix and the real
+    interpreter) and Dilu's own packages."""
+    python = shutil.which(python) or python
+    real = os.path.realpath(python)
+    return [os.path.realpath(p) for p in (python, os.path.dirname(os.path.dirname(python)), real,
+                                          os.path.dirname(os.path.dirname(real)), sys.prefix, sys.base_prefix,
+                                          str(Path(__file__).resolve().parent.parent))]
 
 
 def private_temp_problem(python: str) -> str | None:

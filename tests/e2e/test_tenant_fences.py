@@ -168,12 +168,7 @@ def test_a_function_reaches_only_its_own_registration_with_the_token_manager(sta
     """On a simulated GPU, from the intruder's own code: claiming the victim's id on its own
     socket, the victim's socket and the manager's are all refused; registering again and again
     stops at the bound per instance, so a function deployed later still registers."""
-    build_shim()
-    platform = start_platform(env={"DILU_FAKE_GPUS": "1", "DILU_GPUS": "none"})
-    latency = (ROOT / "examples" / "synthetic-gpu" / "latency.yaml").read_text().replace(
-        "sm_request: 0.5, sm_limit: 0.75", "sm_request: 0.3, sm_limit: 0.4")
-    victim = _deploy_gpu_kernels(platform, tmp_path, latency, "victim")
-    deploy_tenant(platform, tmp_path, "intruder", gpu=True)
+    platform, latency, victim = _intruder_beside(start_platform, tmp_path, "victim")
     tried = attempt(platform, "intruder", "tokens", victim=victim, flood=MAX_PROCESSES + 8)
     assert tried["as_victim"].startswith("ERR") and f"not {victim}'s" in tried["as_victim"], tried
     assert tried["victim_socket"].startswith("PermissionError"), tried
@@ -182,6 +177,19 @@ def test_a_function_reaches_only_its_own_registration_with_the_token_manager(sta
     assert tried["flood_ok"] <= MAX_PROCESSES and "processes registered already" in tried["flood_refused"][0], tried
     # The intruder still holds its registrations: a function started now gets a slot of its own.
     _deploy_gpu_kernels(platform, tmp_path, latency, "late")
+
+
+def _intruder_beside(start_platform, tmp_path: Path, victim_name: str) -> tuple:
+    """A platform with a simulated GPU, the synthetic latency function as ``victim_name`` (a
+    small slice, so more fit beside it) and the tenant fixture as ``intruder`` on the same GPU:
+    (platform, the latency spec, the victim's instance id)."""
+    build_shim()
+    platform = start_platform(env={"DILU_FAKE_GPUS": "1", "DILU_GPUS": "none"})
+    latency = (ROOT / "examples" / "synthetic-gpu" / "latency.yaml").read_text().replace(
+        "sm_request: 0.5, sm_limit: 0.75", "sm_request: 0.3, sm_limit: 0.4")
+    victim = _deploy_gpu_kernels(platform, tmp_path, latency, victim_name)
+    deploy_tenant(platform, tmp_path, "intruder", gpu=True)
+    return platform, latency, victim
 
 
 def _deploy_gpu_kernels(platform, tmp_path: Path, spec: str, name: str) -> str:
@@ -207,12 +215,7 @@ def test_a_function_cannot_write_the_token_memory_of_its_neighbours(start_platfo
     grant refuse writes however it tries (a writable mapping, a write, reopening through /proc),
     its usage cannot be shrunk under the manager, the latency neighbour's signal comes read-only
     and stays so; writing an absurd consumption into its own usage leaves the neighbour serving."""
-    build_shim()
-    platform = start_platform(env={"DILU_FAKE_GPUS": "1", "DILU_GPUS": "none"})
-    latency = (ROOT / "examples" / "synthetic-gpu" / "latency.yaml").read_text().replace(
-        "sm_request: 0.5, sm_limit: 0.75", "sm_request: 0.3, sm_limit: 0.4")
-    victim = _deploy_gpu_kernels(platform, tmp_path, latency, "neighbour")
-    deploy_tenant(platform, tmp_path, "intruder", gpu=True)
+    platform, _, victim = _intruder_beside(start_platform, tmp_path, "neighbour")
     tried = attempt(platform, "intruder", "region")
     assert tried["reply"] == "OK" and tried["fds"] == 4, tried
     for name in ("board", "grant"):

@@ -39,16 +39,16 @@ from worker.backends.instance_env import allowed_env
 from worker.backends.spares import Spare, SpareLaunch, SparePool, exec_time, pool_key, preload_env
 from worker.cgroups import CpuLimiter, InstanceGroups, join_group_of, join_groups
 from worker.pool import PoolSizer
-from worker.sandbox import InstanceUser, Sandboxes, become, die_with_parent, private_temp
+from worker.sandbox import InstanceUser, Sandboxes, become, die_with_parent, kept_in_temp, platform_paths, private_temp
 from worker.uids import UidRegistry
 
 
-def _child_setup(procs_files: list[str], user: InstanceUser | None, temp_bytes: int | None = None
-                 ) -> Callable[[], None]:
+def _child_setup(procs_files: list[str], user: InstanceUser | None, temp_bytes: int | None = None,
+                 keep: tuple[str, ...] = ()) -> Callable[[], None]:
     def setup() -> None:
         join_groups(procs_files)    # while still privileged enough to write the cgroups
         if temp_bytes is not None:
-            private_temp(temp_bytes)
+            private_temp(temp_bytes, keep)
         if user is not None:
             become(user.uid, user.gid)
         die_with_parent()           # after the switch: changing credentials clears it
@@ -91,6 +91,7 @@ class ProcessBackend:
         self._bounds_of: dict[str, InstanceBounds] = {}
         self._stream_stall_s = stream_stall_s
         self._python = python or sys.executable
+        self._kept_temp = kept_in_temp(platform_paths(self._python))   # the platform, where it lives in /tmp
         self._host = host
         self._advertise = advertise_host or host
         self._base_env = allowed_env(os.environ if base_env is None else base_env, passed_env)
@@ -155,7 +156,7 @@ class ProcessBackend:
                                           user),
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     pass_fds=(listener.fileno(),), start_new_session=True,
-                    preexec_fn=_child_setup(procs, user, self._temp_bytes(bounds)), cwd=code,
+                    preexec_fn=_child_setup(procs, user, self._temp_bytes(bounds), self._kept_temp), cwd=code,
                 )
         except (OSError, subprocess.SubprocessError) as exc:
             raise RuntimeError(f"cannot start instance process: {exc}") from exc
@@ -273,7 +274,7 @@ class ProcessBackend:
         os.replace(spare.log_path, log_path)
         env = self.instance_env(request, device, config_json, spare.fd, extra_env, key, home, user)
         assignment = {"env": env, "cwd": code, "user": [user.uid, user.gid] if user is not None else None,
-                      "private_temp": self._temp_bytes(bounds)}
+                      "private_temp": self._temp_bytes(bounds), "keep_temp": list(self._kept_temp)}
         try:
             spare.process.stdin.write((json.dumps(assignment) + "\n").encode())
             spare.process.stdin.close()

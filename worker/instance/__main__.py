@@ -41,7 +41,7 @@ def _await_assignment(listener_fd: int | None = None) -> float | None:
     if assignment.get("private_temp"):   # while still root: its own /tmp and /dev/shm
         from worker.sandbox import private_temp
 
-        private_temp(int(assignment["private_temp"]))
+        private_temp(int(assignment["private_temp"]), tuple(assignment.get("keep_temp") or ()))
     if assignment.get("user"):
         _become(*assignment["user"])
     os.environ.update(assignment["env"])
