@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Sequence
 
@@ -34,7 +35,7 @@ from dilu.controller.trials import (
 from dilu.db import repo
 from dilu.db.models import FunctionRow, InstanceRow, ProfileRow
 from dilu.messages import ACTIVE_STATES, FAILED, READY, FunctionStatus, InstanceRole, WorkerInfo
-from dilu.policy.profiler import Profile
+from dilu.policy.profiler import Profile, batch_below_bound
 from dilu.slices import ComputeSlice, Slice
 from dilu.worker_client import WorkerUnavailable
 
@@ -151,7 +152,9 @@ class ProfilingJobs:
                           sm_request=found.sm_request, sm_limit=found.sm_limit, batch=found.batch,
                           throughput_per_s=found.throughput_per_s, latency_s=found.latency_s,
                           meets_slo=found.meets_slo, trials=found.trials)
-        await self.ctx.event(name, "profiled", describe_profile(found))
+        spec = function.typed_spec
+        await self.ctx.event(name, "profiled", describe_profile(found, spec.batching.max_batch_size,
+                                                                spec.slo.p99_ms / 1000))
         await self.ctx.set_status(name, version, FunctionStatus.DEPLOYING)
 
     async def _wait_ready(self, row: InstanceRow, live: list[WorkerInfo]) -> str | None:
@@ -185,8 +188,9 @@ class ProfilingJobs:
         await self.ctx.set_status(name, version, FunctionStatus.DEPLOYING)
 
 
-def describe_profile(found: Profile) -> str:
-    """The "profiled" event's text: the slice, the batch (and the batch the runtime formed)."""
+def describe_profile(found: Profile, bound: int | None = None, slo_s: float = math.inf) -> str:
+    """The "profiled" event's text: the slice, the batch (and the batch the runtime formed), and
+    why the batch is below the spec's ``bound`` when it is."""
     if found.kind == "training":
         return (f"request {found.sm_request:g}, limit {found.sm_limit:g}: {found.throughput_per_s:.1f} units/s of "
                 f"progress at the request, {found.trials} trials")
@@ -194,4 +198,6 @@ def describe_profile(found: Profile) -> str:
             + (f" ({found.batch_formed:.1f} formed on average)" if found.batch_formed else "")
             + f", {found.throughput_per_s:.1f} req/s per instance, p99 {found.latency_s * 1000:.1f} ms, "
               f"{found.trials} trials")
-    return text + ("" if found.meets_slo else " (the SLO cannot be met)")
+    text += "" if found.meets_slo else " (the SLO cannot be met)"
+    below = batch_below_bound(found, bound, slo_s) if bound is not None else None
+    return text + (f"; {below}" if below else "")

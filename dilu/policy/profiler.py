@@ -63,6 +63,28 @@ class Profile:
     batch_formed: float | None = None  # the mean batch the runtime formed at the request, when observed
 
 
+def batch_below_bound(found: Profile, bound: int, slo_s: float) -> str | None:
+    """Why the profile's batch is below the spec's ``max_batch_size`` (``bound``), from its own
+    trials: the next larger batch tried missed the SLO at every share, or served fewer requests
+    per % of the device; None when the batch is the bound (pure)."""
+    if found.kind != "inference" or found.batch >= bound:
+        return None
+    larger = [row for row in found.history if row[0] > found.batch]
+    if not larger:
+        return f"batch {found.batch} of up to {bound}: larger batches were not tried"
+    tried = min(row[0] for row in larger)
+    rows = [row for row in larger if row[0] == tried]
+    meeting = [row for row in rows if row[2] <= slo_s]
+    if not meeting:
+        fastest = min(row[2] for row in rows)
+        return (f"batch {found.batch} of up to {bound}: batch {tried} misses the p99 target at every share tried "
+                f"({fastest * 1000:.1f} ms at best, target {slo_s * 1000:.1f} ms)")
+    best = max(row[3] / max(row[1], 1) for row in meeting)
+    chosen = found.throughput_per_s / max(found.sm_request * 100, 1e-9)
+    return (f"batch {found.batch} of up to {bound}: batch {tried} serves {best:.3g} req/s per % of the device "
+            f"against {chosen:.3g} at batch {found.batch}")
+
+
 class _Recorder:
     """Counts and caches trials (a search never pays twice for the same point)."""
 

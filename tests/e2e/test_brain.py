@@ -84,6 +84,7 @@ def test_bursty_load_scales_out_lazily_and_back_in(start_platform, tmp_path: Pat
     events = platform.http.get("/v1/functions/bursty/events").json()
     profiled = [e["reason"] for e in events if e["action"] == "profiled"]
     assert profiled and "formed on average" in profiled[0] and "p99" in profiled[0], profiled
+    assert profile["batch"] == 8 or "of up to 8: batch" in profiled[0], "a batch below the bound says why"
     trace = [float(line) for line in TRACE.read_text().split()]
     start = max(range(len(trace) - 40), key=lambda i: sum(trace[i:i + 20]) - sum(trace[i + 20:i + 40]))
     segment = trace[start:start + 40]  # a 20 s burst, then 20 s of calm

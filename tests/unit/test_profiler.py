@@ -101,3 +101,25 @@ def test_table_runner_interpolates_between_measured_shares() -> None:
     runner = TableRunner([(1, 10, 0.1, 10.0), (1, 20, 0.05, 20.0)])
     assert runner.trial(1, 15) == TrialResult(pytest.approx(0.075), pytest.approx(15.0))
     assert runner.trial(1, 30) is None and runner.trial(2, 10) is None
+
+
+def _profile(batch: int, history: tuple, throughput: float = 100.0, request: float = 0.5):
+    from dilu.policy.profiler import Profile
+
+    return Profile("inference", request, 1.0, batch, throughput, 0.01, len(history), history=history)
+
+
+@pytest.mark.parametrize(("label", "batch", "history", "says"), [
+    ("the bound itself needs no reason", 16, ((16, 50, 0.02, 400.0),), None),
+    ("the next batch misses the target everywhere", 1, ((1, 50, 0.01, 100.0), (2, 50, 0.2, 120.0),
+                                                        (2, 100, 0.12, 150.0)),
+     "batch 1 of up to 16: batch 2 misses the p99 target at every share tried (120.0 ms at best, target 100.0 ms)"),
+    ("the next batch serves less per share", 1, ((1, 50, 0.01, 100.0), (2, 60, 0.05, 90.0)),
+     "batch 1 of up to 16: batch 2 serves 1.5 req/s per % of the device against 2 at batch 1"),
+    ("nothing larger was tried", 1, ((1, 50, 0.01, 100.0),), "larger batches were not tried"),
+])
+def test_a_batch_below_the_specs_bound_says_why(label: str, batch: int, history: tuple, says: str | None) -> None:
+    from dilu.policy.profiler import batch_below_bound
+
+    found = batch_below_bound(_profile(batch, history), 16, 0.1)
+    assert (found is None) if says is None else (found is not None and says in found), (label, found)
