@@ -249,6 +249,8 @@ def deploy(
     if profile.get("status") == "done":
         out.print(f"profiled: compute request {profile['sm_request']:g}, limit {profile['sm_limit']:g}, "
                   f"batch {profile['batch']} ({profile['trials']} trials)", highlight=False)
+        if profile.get("batch_note"):
+            out.print(f"  {profile['batch_note']}", highlight=False)
         if not profile.get("meets_slo", True):
             err.print(styled("warning", "yellow", f": no share meets the SLO; {name} runs on the whole device"))
     elif profile.get("status") == "failed":
@@ -292,6 +294,8 @@ def describe(name: str) -> None:
             out.print(f"profile: request {profile['sm_request']:g}, limit {profile['sm_limit']:g}, batch "
                       f"{profile['batch']}, {profile['throughput_per_s']:.1f} {unit} per instance{latency}, "
                       f"{profile['trials']} trials", highlight=False)
+            if profile.get("batch_note"):
+                out.print(f"  {profile['batch_note']}", highlight=False)
         else:
             out.print(f"profile: {profile['status']} ({profile['trials']} trials)"
                       + (f": {profile['error']}" if profile.get("error") else ""), highlight=False)

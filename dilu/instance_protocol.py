@@ -63,6 +63,7 @@ class InstanceConfig:
     shapes: dict[str, list[int]] | None = None   # declared input shapes (-1: any size), checked on JSON input
     weights: str | None = None   # the safetensors file of the spec's weights, as the instance sees it
     stream_stall_s: float = 30.0   # a stream whose caller reads nothing for this long is ended
+    preferred_batch_size: int | None = None   # the profile's batch; max_batch_size is the spec's bound
 
     @classmethod
     def for_spec(cls, instance_id: str, function: str, spec: Mapping[str, Any], source_dir: str,
@@ -78,7 +79,8 @@ class InstanceConfig:
                    arrays=spec.get("arrays"), inputs=declared(spec.get("inputs")),
                    outputs=declared(spec.get("outputs")),
                    shapes={t["name"]: list(t["shape"]) for t in spec.get("inputs") or []} or None,
-                   weights=weights or None, stream_stall_s=stream_stall_s)
+                   weights=weights or None, stream_stall_s=stream_stall_s,
+                   preferred_batch_size=spec["batching"].get("preferred_batch_size"))
 
     @classmethod
     def from_file(cls, path: str) -> InstanceConfig:

@@ -28,7 +28,7 @@ class Actuator:
         self._last_refused: dict[str, str] = {}
 
     async def start(self, function: FunctionRow, chosen: Slice, live: Sequence[WorkerInfo], reason: str, *,
-                    role: InstanceRole = InstanceRole.SERVE, batch_override: int | None = None,
+                    role: InstanceRole = InstanceRole.SERVE,
                     wait_ms: float | None = None,
                     in_background: bool = False) -> InstanceRow | None:
         """Places and starts one instance; None (with an event) when nothing fits or the worker fails.
@@ -50,7 +50,8 @@ class Actuator:
         self._last_unschedulable.pop(function.name, None)
         info = next(w for w in live if w.id == decision.devices[0])
         client = self.ctx.directory.client_for(info.id, info.url)
-        batching = {"max_batch_size": batch_override or chosen.batch,
+        # The spec's bound caps every batch; the chosen (profiled) batch is what a batch waits for.
+        batching = {"max_batch_size": typed.batching.max_batch_size, "preferred_batch_size": chosen.batch,
                     "max_wait_ms": typed.batching.max_wait_ms if wait_ms is None else wait_ms}
         spec = {**function.spec, "batching": batching}  # the wire form of the spec, as this instance runs it
         instance_id = f"{function.name}-{uuid.uuid4().hex[:10]}"

@@ -148,11 +148,12 @@ class ProfilingJobs:
 
     async def _done(self, function: FunctionRow, found: Profile) -> None:
         name, version = function.name, function.version
+        spec = function.typed_spec
         await self.ctx.db(repo.save_profile, function=name, version=version, status="done", kind=found.kind,
                           sm_request=found.sm_request, sm_limit=found.sm_limit, batch=found.batch,
                           throughput_per_s=found.throughput_per_s, latency_s=found.latency_s,
-                          meets_slo=found.meets_slo, trials=found.trials)
-        spec = function.typed_spec
+                          meets_slo=found.meets_slo, trials=found.trials,
+                          batch_note=batch_note(found, spec.batching.max_batch_size, spec.slo.p99_ms / 1000))
         await self.ctx.event(name, "profiled", describe_profile(found, spec.batching.max_batch_size,
                                                                 spec.slo.p99_ms / 1000))
         await self.ctx.set_status(name, version, FunctionStatus.DEPLOYING)
@@ -199,5 +200,12 @@ def describe_profile(found: Profile, bound: int | None = None, slo_s: float = ma
             + f", {found.throughput_per_s:.1f} req/s per instance, p99 {found.latency_s * 1000:.1f} ms, "
               f"{found.trials} trials")
     text += "" if found.meets_slo else " (the SLO cannot be met)"
-    below = batch_below_bound(found, bound, slo_s) if bound is not None else None
-    return text + (f"; {below}" if below else "")
+    note = batch_note(found, bound, slo_s) if bound is not None else None
+    return text + (f"; {note}" if note else "")
+
+
+def batch_note(found: Profile, bound: int, slo_s: float) -> str | None:
+    """Why the profile's batch is below the spec's ``bound``, and that queued work still batches
+    up to it; None when the batch is the bound."""
+    below = batch_below_bound(found, bound, slo_s)
+    return f"{below} (a queue is still served in batches of up to {bound})" if below else None

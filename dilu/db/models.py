@@ -168,6 +168,7 @@ class ProfileRow(Base):
     meets_slo: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
     trials: Mapped[int] = mapped_column(Integer, default=0)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    batch_note: Mapped[str | None] = mapped_column(Text, nullable=True)   # why the batch is below the spec's bound
     created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
 

@@ -54,6 +54,46 @@ async def test_max_wait_collects_a_full_batch() -> None:
     assert all(r.batch_size == 3 for r in results)
 
 
+async def test_a_queue_is_served_in_batches_up_to_the_bound_not_the_profiled_batch() -> None:
+    """The profile chose batch 1 of up to 16: light load is served one by one, but 20 requests
+    queued behind a running batch leave in batches of the spec's bound."""
+    model = GatedModel()
+    batcher = Batcher(model.predict, max_batch_size=16, preferred_batch_size=1, max_wait_s=30.0)
+    runner = asyncio.create_task(batcher.run())
+    first = asyncio.create_task(batcher.submit(0))
+    await asyncio.to_thread(model.entered.wait, 10)
+    queued = [asyncio.create_task(batcher.submit(i)) for i in range(1, 21)]
+    while batcher.queued() < 20:
+        await asyncio.sleep(0)
+    model.gate.set()
+    results = await asyncio.gather(first, *queued)
+    runner.cancel()
+    assert model.sizes == [1, 16, 4]
+    assert [r.output for r in results] == [2 * i for i in range(21)]
+
+
+async def test_past_the_profiled_batch_a_batch_waits_for_nothing() -> None:
+    """With the preferred batch reached, no request waits out ``max_wait_s`` for company (an hour
+    here: the answer comes at once or the test times out)."""
+    model = GatedModel()
+    model.gate.set()
+    batcher = Batcher(model.predict, max_batch_size=16, preferred_batch_size=1, max_wait_s=3600.0)
+    runner = asyncio.create_task(batcher.run())
+    result = await asyncio.wait_for(batcher.submit(5), 30)
+    runner.cancel()
+    assert (result.output, result.batch_size, model.sizes) == (10, 1, [1])
+
+
+async def test_below_the_profiled_batch_a_batch_still_waits_to_fill() -> None:
+    model = GatedModel()
+    model.gate.set()
+    batcher = Batcher(model.predict, max_batch_size=16, preferred_batch_size=3, max_wait_s=30.0)
+    runner = asyncio.create_task(batcher.run())
+    results = await asyncio.gather(*(batcher.submit(i) for i in range(3)))
+    runner.cancel()
+    assert model.sizes == [3] and {r.batch_size for r in results} == {3}
+
+
 @pytest.mark.parametrize(("label", "predict", "message"), [
     ("handler raises", lambda xs: 1 / 0, "ZeroDivisionError"),
     ("wrong length", lambda xs: xs[:-1], "must return a list of 1 results"),

@@ -23,3 +23,13 @@ def test_the_buffer_is_bounded() -> None:
         metrics.observe(0.01, 1)
     text, _ = metrics.render()
     assert b"dilu_instance_request_seconds_count 5.0" in text
+
+
+def test_the_queue_gauge_reads_the_runner_at_each_scrape() -> None:
+    metrics = InstanceMetrics()
+    assert b"dilu_instance_queued_requests 0.0" in metrics.render()[0], "before the handler loads"
+    waiting = [7]
+    metrics.queued = lambda: waiting[0]
+    assert b"dilu_instance_queued_requests 7.0" in metrics.render()[0]
+    waiting[0] = 0
+    assert b"dilu_instance_queued_requests 0.0" in metrics.render()[0]

@@ -41,10 +41,11 @@ def as_error(exc: BaseException) -> BatchError:
 class Batcher:
     """Collects submitted inputs and calls ``predict(list) -> list`` on an executor.
 
-    A batch closes when it holds ``max_batch_size`` inputs or ``max_wait_s`` has passed since its
-    first input arrived; with ``max_wait_s == 0`` it takes whatever is already waiting. Batches
-    run one at a time (models are rarely thread-safe), so requests that arrive during a batch
-    form the next one.
+    A batch waits up to ``max_wait_s`` after its first input for ``preferred_batch_size`` inputs
+    (the profile's batch; the bound when not given), then takes whatever else is already waiting,
+    up to ``max_batch_size`` (the spec's bound): light load keeps the profiled batch and its
+    latency, while a queue is served in batches as large as the user allows. Batches run one at a
+    time (models are rarely thread-safe), so requests that arrive during a batch form the next one.
 
     One bad input does not fail its batch-mates: when ``predict`` raises for a batch of several,
     the batch is halved and each half run again, recursively, so only the inputs that fail on
@@ -53,12 +54,18 @@ class Batcher:
     """
 
     def __init__(self, predict: Callable[[list[Any]], list[Any]], *, max_batch_size: int,
-                 max_wait_s: float, executor: Executor | None = None) -> None:
+                 max_wait_s: float, executor: Executor | None = None,
+                 preferred_batch_size: int | None = None) -> None:
         self._predict = predict
         self._max = max_batch_size
+        self._preferred = min(preferred_batch_size or max_batch_size, max_batch_size)
         self._wait = max_wait_s
         self._executor = executor
         self._queue: asyncio.Queue[tuple[Any, asyncio.Future, float]] = asyncio.Queue()
+
+    def queued(self) -> int:
+        """Inputs waiting for a batch (not counting the one running)."""
+        return self._queue.qsize()
 
     async def submit(self, item: Any) -> BatchResult:
         future = asyncio.get_running_loop().create_future()
@@ -75,6 +82,8 @@ class Batcher:
                 if not self._queue.empty():
                     batch.append(self._queue.get_nowait())
                     continue
+                if len(batch) >= self._preferred:
+                    break   # past the profiled batch only what already waits joins: no extra latency
                 left = deadline - loop.time()
                 if left <= 0:
                     break

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 LATENCY_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10)
@@ -16,9 +17,11 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 class InstanceMetrics:
-    """``observe(latency_s, batch_size)`` from the event loop; ``render()`` for ``/metrics``."""
+    """``observe(latency_s, batch_size)`` from the event loop; ``render()`` for ``/metrics``;
+    ``queued`` (set once the handler is loaded) counts the requests waiting for a batch slot."""
 
     def __init__(self, buffer: int = 10_000) -> None:
+        self.queued: Callable[[], int] = lambda: 0
         self._lock = threading.Lock()
         self._pending: deque[tuple[float, int]] = deque(maxlen=buffer)
         self._built: tuple[Any, Any, Any] | None = None  # (registry, latency, batch sizes)
@@ -44,7 +47,7 @@ class InstanceMetrics:
         return generate_latest(self._built[0]), CONTENT_TYPE_LATEST
 
     def _build(self) -> None:
-        from prometheus_client import CollectorRegistry, Histogram
+        from prometheus_client import CollectorRegistry, Gauge, Histogram
 
         with self._lock:
             if self._built is not None:
@@ -54,6 +57,8 @@ class InstanceMetrics:
                                 registry=registry, buckets=LATENCY_BUCKETS)
             sizes = Histogram("dilu_instance_batch_size", "Batch size each request rode in",
                               registry=registry, buckets=BATCH_BUCKETS)
+            Gauge("dilu_instance_queued_requests", "Requests waiting in the instance for a batch slot",
+                  registry=registry).set_function(lambda: self.queued())
             for latency_s, batch_size in self._pending:
                 latency.observe(latency_s)
                 sizes.observe(batch_size)

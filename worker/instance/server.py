@@ -5,7 +5,7 @@ a tensor frame in and out as well; with ``x-dilu-batch-size`` and ``x-dilu-laten
 headers), ``GET /health`` (200 only after ``load()`` succeeded, 503 while loading; its body
 has ``startup``: the wall-clock time each start-up stage ended - ``process_start``,
 ``runtime_imported``, ``serving``, ``handler_imported``, ``loaded``, ``ready``), ``GET
-/metrics`` (Prometheus: latency and batch-size histograms), ``GET /progress`` (the work units a
+/metrics`` (Prometheus: latency and batch-size histograms, the requests queued), ``GET /progress`` (the work units a
 batch-class handler reported with ``dilu.report_progress``, and when).
 If import or ``load()`` fails, the error is printed as a final ``DILU-ERROR:`` line on stderr
 (the instance log) and the process exits with status 3, so the worker reports it instead of
@@ -218,7 +218,9 @@ async def _load_then_serve_batches(state: RuntimeState) -> None:
                                      stall_s=config.stream_stall_s)
     else:
         state.batcher = Batcher(handler.predict, max_batch_size=config.max_batch_size,
-                                max_wait_s=config.max_wait_ms / 1000.0, executor=executor)
+                                max_wait_s=config.max_wait_ms / 1000.0, executor=executor,
+                                preferred_batch_size=config.preferred_batch_size)
+    state.metrics.queued = (state.streams or state.batcher).queued
     state.marks["ready"] = time.time()
     state.ready.set()
     state.metrics.build_in_background()

@@ -112,6 +112,10 @@ class StreamRunner:
         self._wake = asyncio.Event()     # a full stream was read, or a request arrived
         self.stalled = 0                 # streams ended because their callers stopped reading
 
+    def queued(self) -> int:
+        """Streams waiting for a slot in the running batch."""
+        return self._waiting.qsize()
+
     def submit(self, request: Any) -> Stream:
         stream = Stream(on_read=self._wake.set)
         self._waiting.put_nowait((stream, request))
