@@ -32,6 +32,7 @@ SATURATED = 0.98    # the limit of training: more share than this buys under 2 %
 SATURATION = 0.05   # a share step that shortens the batch by under 5 % of its growth: compute-saturated
 TIGHT = 0.85        # a frontier point at >= 85 % of the SLO is latency-bound (worth one step up)
 POLISH_RANGE = 0.1  # ... if its efficacy is within 10 % of the best
+UNREACHABLE = 1.25  # a miss needing over this x the whole device even at linear speed-up is infeasible
 
 
 @dataclass(frozen=True)
@@ -136,8 +137,8 @@ def _knee(run: _Recorder, batch: int, low: int, step: int = 10) -> int:
     """Smallest SM >= ``low`` (in ``step`` % steps) whose throughput reaches KNEE of the 100 % one.
 
     Throughput curves are concave, so the knee lies at or below where the straight line from
-    ``low`` to 100 % reaches the target; the search gallops up from ``low`` within that bound
-    (knees sit near the low end more often than not) and bisects the last gap.
+    ``low`` to 100 % reaches the target; the search bisects the shares up to that bound (a
+    gallop up from ``low`` cost two more trials where the knee sits high, as on gpt2_large).
     """
     full, start = run(batch, 100), run(batch, low)
     if full is None or start is None:
@@ -155,13 +156,7 @@ def _knee(run: _Recorder, batch: int, low: int, step: int = 10) -> int:
         result = run(batch, candidates[i])
         return result is not None and result.throughput_per_s >= target
 
-    below, jump = -1, 1
-    while True:
-        i = min(below + jump, len(candidates) - 1)
-        if reaches(i):
-            break
-        below, jump = i, jump * 2
-    return candidates[_bisect(reaches, below, i)]
+    return candidates[_bisect(reaches, -1, len(candidates) - 1)]
 
 
 class _Frontier(Enum):
@@ -201,6 +196,8 @@ def _frontier(run: _Recorder, batch: int, shares: list[int], floor: int, slo_s: 
         guess = low + 1
         if result is not None:
             need = shares[low] * result.latency_s / slo_s
+            if need > shares[-1] * UNREACHABLE:
+                return _Frontier.INFEASIBLE
             guess = max(low + 1, next((i for i, s in enumerate(shares) if s >= need), len(shares) - 1))
         if guess >= len(shares):
             return _Frontier.INFEASIBLE
@@ -231,7 +228,7 @@ def _batches(max_batch: int) -> list[int]:
 
 
 def hybrid_growth_search(runner: TrialRunner, slo_s: float, *, max_batch: int = 32, start_sm: int = 10,
-                         sm_step: int = 10, tolerance: float = 0.05, patience: int = 2, polish: int = 3) -> Profile:
+                         sm_step: int = 10, tolerance: float = 0.05, patience: int = 2, polish: int = 1) -> Profile:
     """The most efficient (batch, share) that meets the SLO, and the knee limit of that batch.
 
     Walks the SLO frontier: for batch 1, 2, 4, ... (never above ``max_batch``, the spec's bound)
@@ -240,8 +237,9 @@ def hybrid_growth_search(runner: TrialRunner, slo_s: float, *, max_batch: int = 
     grows; a batch whose efficacy falls more than ``tolerance`` below the best counts as a fall
     and ``patience`` falls in a row end the walk (the paper stops at the first fall; one more
     look gets past the dips that real profiles have). Frontier points whose latency is close to
-    the SLO are then tried one share step up (``polish`` of them, best first): there the batch
-    is latency-bound and a little more compute can raise efficacy. Raises nothing; an SLO no
+    the SLO are then tried one share step up (``polish`` of them, the most latency-bound
+    first): there a little more compute can raise efficacy. A miss that would need more than
+    the whole device even if latency fell in proportion to the share ends the walk untried. Raises nothing; an SLO no
     trial meets gives the whole device with ``meets_slo=False``.
     """
     run = _Recorder(runner)
@@ -289,9 +287,11 @@ def hybrid_growth_search(runner: TrialRunner, slo_s: float, *, max_batch: int = 
 
 def _polish(run: _Recorder, best: tuple[float, int, int], tight: list[tuple[float, int, int]], slo_s: float,
             count: int, step: int) -> tuple[float, int, int]:
-    """Tries latency-bound frontier points within 10 % of the best one share step up."""
-    candidates = [c for c in sorted(tight, reverse=True) if c[0] >= best[0] * (1 - POLISH_RANGE)][:count]
-    for _, batch, sm in candidates:
+    """Tries latency-bound frontier points within 10 % of the best one share step up, the one
+    closest to its SLO first (the most latency-bound gains the most from more compute)."""
+    candidates = [c for c in tight if c[0] >= best[0] * (1 - POLISH_RANGE)]
+    candidates.sort(key=lambda c: run(c[1], c[2]).latency_s, reverse=True)
+    for _, batch, sm in candidates[:count]:
         if sm + step > 100:
             continue
         result = run(batch, sm + step)

@@ -82,8 +82,8 @@ SLO_FACTORS = (1.25, 1.5, 2, 2.5, 3, 4, 5, 6)
 @pytest.mark.parametrize("model", ["bert_base", "roberta_large", "gpt2_large", "resnet152", "llama2"])
 def test_hybrid_search_matches_the_grid_with_a_quarter_of_its_trials(model: str) -> None:
     """Across an SLO sweep from 1.25x to 6x batch-1 latency at the whole device: at least 0.97 of
-    the exhaustive grid's efficacy, with at most a quarter of its trials for the request and
-    batch (the limit's knee adds a few more; under 0.3 in all)."""
+    the exhaustive grid's efficacy, with at most a quarter of its trials, the limit's knee
+    included."""
     runner = TableRunner.from_csv(PROFILES / f"{model}.csv")
     base = runner.trial(1, 100).latency_s
     for factor in SLO_FACTORS:
@@ -93,8 +93,7 @@ def test_hybrid_search_matches_the_grid_with_a_quarter_of_its_trials(model: str)
         assert hybrid.meets_slo and grid.meets_slo and hybrid.latency_s <= slo
         efficacy = (hybrid.throughput_per_s / hybrid.sm_request) / (grid.throughput_per_s / grid.sm_request)
         assert efficacy >= 0.97, (model, factor, hybrid, grid)
-        assert hybrid.search_trials * 4 <= grid.trials, (model, factor, hybrid.search_trials)
-        assert hybrid.trials <= 0.3 * grid.trials, (model, factor, hybrid.trials)
+        assert hybrid.trials * 4 <= grid.trials, (model, factor, hybrid.trials)
 
 
 def test_table_runner_interpolates_between_measured_shares() -> None:
