@@ -27,6 +27,13 @@ class ModelProfile:
     slo_s: float
     profile: Profile           # what the profiler chose: request, limit, batch, throughput at the request
     memory_gb: float
+    bound: int = 32            # the spec's max_batch_size, which the profile's search stayed within
+    generates: bool = False    # a text generator: each request streams tokens, one per batch step
+    target_concurrency: int | None = None   # the spec's scaling.target_concurrency
+
+    def occupancy_target(self) -> int | None:
+        """In flight per instance before another is added, as ``FunctionSpec.occupancy_target``."""
+        return self.target_concurrency or (self.bound if self.generates else None)
 
     def latency(self, batch: int, share: float) -> float:
         """Seconds for one batch of ``batch`` (a measured batch size) at compute ``share``."""
@@ -41,10 +48,11 @@ class ModelProfile:
         weight = 0.0 if high == low else (percent - low) / (high - low)
         return a.latency_s + weight * (b.latency_s - a.latency_s)
 
-    def batch_for(self, waiting: int) -> int:
+    def batch_for(self, waiting: int, up_to: int | None = None) -> int:
         """The batch the runtime forms with ``waiting`` requests queued: the largest measured
-        batch size not above it, up to the profiled batch."""
-        fitting = [b for b in self.table.batches if b <= max(1, min(waiting, self.profile.batch))]
+        batch size not above it, up to ``up_to`` (default: the profiled batch)."""
+        cap = self.profile.batch if up_to is None else up_to
+        fitting = [b for b in self.table.batches if b <= max(1, min(waiting, cap))]
         return max(fitting) if fitting else self.table.batches[0]
 
     def capacity(self, share: float) -> float:
@@ -60,5 +68,5 @@ def load_model(name: str) -> ModelProfile:
     slo = SLO_FACTOR * table.trial(1, 100).latency_s
     # The table gives the time of one batch; a request may also wait for the batch in progress,
     # so the search targets half the SLO.
-    return ModelProfile(name=name, table=table, slo_s=slo, profile=hybrid_growth_search(table, slo / 2),
+    return ModelProfile(name=name, table=table, slo_s=slo, profile=hybrid_growth_search(table, slo / 2, max_batch=32),
                         memory_gb=MEMORY_GB[name])

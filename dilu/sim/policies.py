@@ -9,10 +9,13 @@ the current rate at once) and keep-alive (its histogram, or its fixed path).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from dilu.policy import autoscale, isolation, vertical
+from dilu.policy.autoscale import ScalingParams
+from dilu.policy.horizontal import HorizontalParams
+from dilu.policy.keepalive import KeepAliveParams
 from dilu.policy.scheduler import Scheduler, create_scheduler
 
 Shares = Literal["vertical", "limit", "request", "whole", "priority"]
@@ -26,6 +29,10 @@ class SimPolicy:
     horizontal: Literal["lazy", "eager"]
     keepalive: Literal["histogram", "fixed"]
     summary: str
+    # "bound": a queue is served in batches up to the spec's bound (Dilu's runtime); "profiled":
+    # every batch at most the profile's batch, as a fixed-batch server does.
+    batching: Literal["bound", "profiled"] = "profiled"
+    scaling: ScalingParams = ScalingParams()   # the controller's parameters, for Dilu's ablations
 
 
 def _without(scheduler: Scheduler, plugin: str, name: str) -> Scheduler:
@@ -37,7 +44,8 @@ def build_policies() -> dict[str, SimPolicy]:
     dilu = create_scheduler("dilu")
     return {p.name: p for p in (
         SimPolicy("dilu", dilu, "vertical", "lazy", "histogram",
-                  "profiled slices, complementary placement, vertical + lazy horizontal scaling, histogram keep-alive"),
+                  "profiled slices, complementary placement, vertical + lazy horizontal scaling, histogram keep-alive",
+                  batching="bound"),
         SimPolicy("exclusive", create_scheduler("exclusive"), "whole", "eager", "fixed",
                   "a whole GPU per instance"),
         SimPolicy("mps", create_scheduler("static-limits"), "limit", "eager", "fixed",
@@ -49,10 +57,22 @@ def build_policies() -> dict[str, SimPolicy]:
         SimPolicy("tgs", create_scheduler("time-sharing"), "priority", "eager", "fixed",
                   "priority time-sharing: one latency and one batch job per GPU, batch runs in the rest (TGS-like)"),
         SimPolicy("dilu-no-vertical", dilu, "request", "lazy", "histogram",
-                  "Dilu with slices fixed at the request"),
+                  "Dilu with slices fixed at the request", batching="bound"),
         SimPolicy("dilu-no-complementary", _without(dilu, "Complementary", "dilu-no-complementary"), "vertical",
-                  "lazy", "histogram", "Dilu without complementary placement"),
+                  "lazy", "histogram", "Dilu without complementary placement", batching="bound"),
     )}
+
+
+def build_ablations() -> dict[str, SimPolicy]:
+    """Dilu with one rule of its serving off at a time (for the ablation tables)."""
+    dilu = build_policies()["dilu"]
+    rules = {
+        "no-batch-to-bound": {"batching": "profiled"},
+        "no-trend": {"scaling": ScalingParams(horizontal=HorizontalParams(trend=False))},
+        "no-memory-weighing": {"scaling": ScalingParams(keepalive=KeepAliveParams(request_worth_gb_s=0))},
+    }
+    return {f"dilu-{rule}": replace(dilu, name=f"dilu-{rule}", summary=f"Dilu, {rule}", **change)
+            for rule, change in rules.items()}
 
 
 POLICY_NAMES = ("dilu", "exclusive", "mps", "infless", "horizontal-only", "tgs", "dilu-no-vertical",

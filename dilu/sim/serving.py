@@ -5,9 +5,18 @@ at the speed their profile gives for that share, and the functions scale.
 - Arrivals: the trace, scaled per function so that its busy seconds (the 95th percentile of its
   per-second rate) ask ``load`` x what one instance serves at its profiled request share, and
   shifted by a different offset per function (so their bursts do not coincide).
-- Service: an instance serves its function's queue (first come, first served) in batches of
-  the size the runtime would form (``ModelProfile.batch_for``), each taking the profile's
-  latency at the instance's current share; a request's latency is its wait plus its batch.
+- Routing, as the gateway does: each request goes at once to the ready instance with the fewest
+  requests outstanding (queued there or in its batch); while none is ready it waits at the
+  function (the cold-start queue) and is routed when one becomes ready. A stopped instance
+  leaves the routes and drains what it holds.
+- Service: an instance serves its own queue (first come, first served) in batches of the size
+  the runtime would form (``ModelProfile.batch_for``), each taking the profile's latency at the
+  instance's current share; a request's latency is its wait plus its batch.
+- Streams (a function that ``generates`` text): each request is a stream of ``tokens`` steps;
+  an instance runs one batch of streams, admitting queued ones at each step up to its bound
+  (iteration-level batching), each step taking the profile's time for the running batch; a
+  stream occupies its slot for its whole duration, and its latency (against the SLO) is its
+  time to the first token.
 - Contention: shares on one GPU are scaled down together when they add up past 1.
 - Isolation (Dilu's vertical shares): while a latency instance on a GPU has requests waiting or
   in service, batch instances there keep only their floors and serving latency instances take
@@ -59,6 +68,7 @@ class ServingSetup:
     duration_s: float | None = None       # default: the trace's length
     deployed: bool = True                 # each function starts with the instance its deploy verified
     per_function: tuple[np.ndarray, ...] | None = None   # each model's own arrivals, instead of the trace's
+    tokens: tuple[np.ndarray | None, ...] | None = None   # per model: each stream's token count (generators)
     profiled: bool = True                 # False: functions scale by concurrency, as an unprofiled one does
 
 
@@ -91,17 +101,32 @@ class _Instance:
     request: PlacementRequest
     ready_at: float
     share: float = 0.0
-    free_at: float = 0.0                  # when its current batch ends
+    free_share: float = 0.0               # a batch instance's share while no latency work runs
+    busy_s: float = 0.0                   # of the current tick, the time its batches (steps) ran
+    free_at: float = 0.0                  # when its current batch (or step) ends
     in_batch: int = 0                     # requests in its current batch
+    queue: deque = field(default_factory=deque)     # (arrival, tokens) routed here, not yet served
+    running: list = field(default_factory=list)     # streams in its batch: [arrival, tokens left, started]
+
+    def outstanding(self, now: float) -> int:
+        """Requests it holds: queued, in its batch, streams running (what the gateway counts)."""
+        return len(self.queue) + len(self.running) + (self.in_batch if self.free_at > now else 0)
+
+    def busy(self, now: float) -> bool:
+        """Whether it holds work: queued, running on from the last tick, streams (the shim holds
+        batch work beside it; a draining instance stops once it holds none)."""
+        return bool(self.queue or self.running) or self.free_at > now
 
 
 @dataclass
 class _Function:
     model: ModelProfile
     arrivals: np.ndarray
+    tokens: np.ndarray | None = None      # a stream's steps, per arrival (generators)
     next_arrival: int = 0
-    queue: deque = field(default_factory=deque)
+    queue: deque = field(default_factory=deque)     # (arrival, tokens) waiting for any ready instance
     instances: list[_Instance] = field(default_factory=list)
+    draining: list[_Instance] = field(default_factory=list)   # off the routes, finishing what they hold
     scaling: ScalingState = field(default_factory=ScalingState)
     last_second: int = 0                  # arrivals in the second that just ended
     low_since: float | None = None        # eager scale-in: since when fewer would do
@@ -178,7 +203,7 @@ def simulate_serving(policy: SimPolicy, setup: ServingSetup,
     result = ServingResult(duration_s=duration)
     vertical_params = sim_vertical_params(setup.tick_s)
     vertical_states: dict[int, VerticalState] = {}
-    scaling_params = ScalingParams()
+    scaling_params = policy.scaling
     request_ms, limit_ms = setup.training_slice
     trainings = []
     for j in range(setup.trainings):
@@ -198,7 +223,10 @@ def simulate_serving(policy: SimPolicy, setup: ServingSetup,
             arrivals = _arrivals_for(setup, model, position, duration)
         else:
             arrivals = setup.arrivals[setup.arrivals < duration]
-        functions[model.name] = _Function(model, arrivals)
+        tokens = setup.tokens[position] if setup.tokens is not None else None
+        if model.generates and tokens is None:
+            raise ValueError(f"{model.name} generates text: its streams need token counts (ServingSetup.tokens)")
+        functions[model.name] = _Function(model, arrivals, tokens)
         result.arrivals += len(arrivals)
 
     def start(fn: _Function, now: float) -> None:
@@ -214,7 +242,10 @@ def simulate_serving(policy: SimPolicy, setup: ServingSetup,
 
     def stop(fn: _Function, instance: _Instance) -> None:
         fn.instances.remove(instance)
-        cluster.remove(instance)
+        if instance.busy(now):
+            fn.draining.append(instance)    # off the routes; it finishes what it holds
+        else:
+            cluster.remove(instance)
 
     if setup.deployed:   # a deploy starts one instance to verify it, before any request
         for fn in functions.values():
@@ -223,18 +254,27 @@ def simulate_serving(policy: SimPolicy, setup: ServingSetup,
 
     ticks = int(duration / setup.tick_s)
     per_second = max(1, int(round(1.0 / setup.tick_s)))
+    now = 0.0
     for tick in range(ticks):
         now = tick * setup.tick_s
         end = now + setup.tick_s
         for fn in functions.values():
+            ready = [i for i in fn.instances if now >= i.ready_at]
+            while fn.queue and ready:                     # an instance became ready: the waiters go
+                _route(ready, fn.queue.popleft(), now)
             arrivals = fn.arrivals
             while fn.next_arrival < len(arrivals) and arrivals[fn.next_arrival] < end:
-                fn.queue.append(arrivals[fn.next_arrival])
+                index = fn.next_arrival
+                request = (arrivals[index], int(fn.tokens[index]) if fn.tokens is not None else 0)
+                if ready:
+                    _route(ready, request, now)
+                else:
+                    fn.queue.append(request)
                 fn.next_arrival += 1
-            while fn.queue and now - fn.queue[0] > REQUEST_TIMEOUT_S:
-                fn.queue.popleft()
-                result.violations += 1
-            ready = any(now >= i.ready_at for i in fn.instances)
+            for queue in (fn.queue, *(i.queue for i in fn.instances), *(i.queue for i in fn.draining)):
+                while queue and now - queue[0][0] > REQUEST_TIMEOUT_S:
+                    queue.popleft()
+                    result.violations += 1
             if fn.cold and ready:      # the start that request waited for is over
                 result.cold_starts += 1
                 fn.cold = False
@@ -246,20 +286,35 @@ def simulate_serving(policy: SimPolicy, setup: ServingSetup,
                 _scale(policy, setup, fn, now, scaling_params, start, stop, cluster.full)
         _assign_shares(policy, cluster, functions, now, vertical_params, vertical_states)
         for fn in functions.values():
-            _serve(fn, now, setup.tick_s, result)
+            up_to = fn.model.bound if policy.batching == "bound" or fn.model.generates else fn.model.profile.batch
+            for instance in (*fn.instances, *fn.draining):
+                (_step_streams if fn.model.generates else _serve)(fn.model, instance, now, setup.tick_s, result,
+                                                                  up_to)
+            for instance in [i for i in fn.draining if not i.busy(end)]:
+                fn.draining.remove(instance)
+                cluster.remove(instance)
         for job in trainings:
-            result.training_progress += job.share * setup.tick_s
+            # Held only while latency work runs (the shim gives up milliseconds, not whole ticks).
+            running = min(1.0, sum(i.busy_s for i in cluster.on_device.get(job.device, ()) if i is not job)
+                          / setup.tick_s)
+            result.training_progress += (running * job.share + (1 - running) * job.free_share) * setup.tick_s
         busy = sum(1 for members in cluster.on_device.values() if members)
         result.gpu_seconds += busy * setup.tick_s
-        result.instance_seconds += sum(len(fn.instances) for fn in functions.values()) * setup.tick_s
+        result.instance_seconds += sum(len(fn.instances) + len(fn.draining) for fn in functions.values()) * setup.tick_s
         if tick % per_second == 0:
             result.active_gpus.append(busy)
             if progress is not None:
                 progress(1.0)
     for fn in functions.values():
-        result.violations += len(fn.queue) + (len(fn.arrivals) - fn.next_arrival)
+        held = sum(i.outstanding(now) for i in (*fn.instances, *fn.draining))
+        result.violations += len(fn.queue) + held + (len(fn.arrivals) - fn.next_arrival)
         result.cold_starts += fn.cold
     return result
+
+
+def _route(ready: list[_Instance], request: tuple[float, int], now: float) -> None:
+    """The gateway's choice: the ready instance with the fewest requests outstanding."""
+    min(ready, key=lambda i: i.outstanding(now)).queue.append(request)
 
 
 def _scale(policy: SimPolicy, setup: ServingSetup, fn: _Function, now: float, params: ScalingParams,
@@ -281,7 +336,9 @@ def _scale(policy: SimPolicy, setup: ServingSetup, fn: _Function, now: float, pa
     decision, fn.scaling = LIVE["plan"](ScalingInputs(
         now=now, current=current, min_instances=0, max_instances=setup.max_instances,
         starting=sum(1 for i in fn.instances if now < i.ready_at), queued=len(fn.queue),
-        in_flight=sum(i.in_batch for i in fn.instances if i.free_at > now), concurrency_per_instance=2 * p.batch,
+        in_flight=sum(i.outstanding(now) for i in fn.instances),
+        concurrency_per_instance=model.occupancy_target() or 2 * p.batch,
+        target_concurrency=model.occupancy_target() or math.inf,
         # The controller's yardstick is the profile's measured throughput, as here.
         rate_per_s=rate, throughput_per_instance=p.throughput_per_s if setup.profiled else None,
         at_vertical_limit=at_limit, latency_target_s=model.slo_s,
@@ -320,8 +377,8 @@ def _assign_shares(policy: SimPolicy, cluster: _Cluster, functions: dict[str, _F
             continue
 
         def busy(instance: _Instance) -> bool:
-            fn = functions.get(instance.function)
-            return fn is None or bool(fn.queue)     # training is always busy
+            # Training is always busy; a latency instance while it holds work of its own.
+            return instance.function not in functions or instance.busy(now)
 
         if policy.shares == "vertical":
             slices = tuple(InstanceSlice(i.id, i.request.cls, i.request.sm_request, i.request.sm_limit)
@@ -333,9 +390,12 @@ def _assign_shares(policy: SimPolicy, cluster: _Cluster, functions: dict[str, _F
             if params.isolated:
                 occupants = tuple(Occupant(i.id, i.request.cls, i.request.sm_request, i.request.sm_limit, busy(i))
                                   for i in running)
-                shares = LIVE["isolate"](occupants, shares)
+                free, shares = shares, LIVE["isolate"](occupants, shares)
+            else:
+                free = shares
             for instance in running:
                 instance.share = shares.get(instance.id, 0.0)
+                instance.free_share = free.get(instance.id, 0.0)
         elif policy.shares == "priority":
             taken = 0.0
             for instance in running:
@@ -344,42 +404,85 @@ def _assign_shares(policy: SimPolicy, cluster: _Cluster, functions: dict[str, _F
                     taken += instance.share
             for instance in running:
                 if instance.request.cls != "latency":
-                    instance.share = max(0.0, 1.0 - taken)
+                    instance.share, instance.free_share = max(0.0, 1.0 - taken), 1.0
         else:
             for instance in running:
-                instance.share = _fixed_share(policy, instance)
-        total = sum(i.share for i in running)
-        if total > 1.0:   # more than the GPU has: everyone slows down together
-            for instance in running:
-                instance.share /= total
+                instance.share = instance.free_share = _fixed_share(policy, instance)
+        # More than the GPU has among those running work: they slow down together (an idle
+        # instance launches nothing, whatever its share). Free shares are those of batch work alone.
+        for key, using in (("share", [i for i in running if busy(i)]),
+                           ("free_share", [i for i in running if i.request.cls != "latency"])):
+            total = sum(getattr(i, key) for i in using)
+            if total > 1.0:
+                for instance in running:
+                    setattr(instance, key, getattr(instance, key) / total)
 
 
-def _serve(fn: _Function, now: float, tick: float, result: ServingResult) -> None:
-    """Each ready instance runs batches back to back from its queue while the tick lasts; a batch
+def _serve(model: ModelProfile, instance: _Instance, now: float, tick: float, result: ServingResult,
+           up_to: int) -> None:
+    """A ready instance runs batches back to back from its queue while the tick lasts; a batch
     starts when the instance is free and its first request has arrived, takes the profile's time
-    at the instance's share, and holds the requests that had arrived by its start."""
-    model, end = fn.model, now + tick
-    for instance in fn.instances:
-        if now < instance.ready_at or instance.share <= 0:
-            continue
-        at = max(instance.free_at, now)
-        while fn.queue:
-            at = max(at, fn.queue[0])
-            if at >= end:
+    at the instance's share, and holds the requests that had arrived by its start, at most
+    ``up_to`` (the profile's batch, or the spec's bound where the runtime batches a queue to it)."""
+    end, queue = now + tick, instance.queue
+    instance.busy_s = max(0.0, min(instance.free_at, end) - now)   # a batch running on from the last tick
+    if now < instance.ready_at or instance.share <= 0:
+        return
+    at = max(instance.free_at, now)
+    while queue:
+        at = max(at, queue[0][0])
+        if at >= end:
+            break
+        waiting = 0
+        for arrival, _ in queue:
+            if arrival > at or waiting == up_to:
                 break
-            waiting = 0
-            for arrival in fn.queue:
-                if arrival > at or waiting == model.profile.batch:
-                    break
-                waiting += 1
-            batch = model.batch_for(waiting)
-            done = at + model.latency(batch, instance.share)
-            instance.in_batch = min(batch, waiting)
-            for _ in range(min(batch, waiting)):
-                latency = done - fn.queue.popleft()
-                result.served += 1
+            waiting += 1
+        batch = model.batch_for(waiting, up_to)
+        done = at + model.latency(batch, instance.share)
+        instance.busy_s += min(done, end) - at
+        instance.in_batch = min(batch, waiting)
+        for _ in range(min(batch, waiting)):
+            latency = done - queue.popleft()[0]
+            result.served += 1
+            result.latencies.append(latency)
+            if latency > model.slo_s:
+                result.violations += 1
+        at = done
+    instance.free_at = at
+
+
+def _step_streams(model: ModelProfile, instance: _Instance, now: float, tick: float, result: ServingResult,
+                  up_to: int) -> None:
+    """A ready instance steps its running streams while the tick lasts: before each step, queued
+    streams that have arrived join up to ``up_to``; a step takes the profile's time for the
+    running batch at the instance's share and gives every running stream one token. A stream's
+    latency is its first token's; it leaves the batch with its last."""
+    end, queue, running = now + tick, instance.queue, instance.running
+    instance.busy_s = max(0.0, min(instance.free_at, end) - now)
+    if now < instance.ready_at or instance.share <= 0:
+        return
+    at = max(instance.free_at, now)
+    while running or queue:
+        if not running:
+            at = max(at, queue[0][0])
+        if at >= end:
+            break
+        while queue and len(running) < up_to and queue[0][0] <= at:
+            arrival, tokens = queue.popleft()
+            running.append([arrival, max(1, tokens), False])
+        done = at + model.latency(model.batch_for(len(running), up_to), instance.share)
+        instance.busy_s += min(done, end) - at
+        for stream in running:
+            stream[1] -= 1
+            if not stream[2]:
+                stream[2] = True
+                latency = done - stream[0]
                 result.latencies.append(latency)
                 if latency > model.slo_s:
                     result.violations += 1
-            at = done
-        instance.free_at = at
+        finished = [s for s in running if s[1] <= 0]
+        result.served += len(finished)
+        running[:] = [s for s in running if s[1] > 0]
+        at = done
+    instance.free_at = at

@@ -5,7 +5,8 @@ Trace names: ``azure-code``, ``azure-conv`` (real timestamps), ``bursty``, ``per
 ``sporadic`` (a rate per second, arrivals Poisson within each second; repeated when a longer
 duration is asked for), ``poisson:RATE``,
 ``gamma:RATE:CV`` (inter-arrival times Gamma-distributed with that coefficient of variation),
-or a file of either kind. Random draws use ``seed``, so a run is repeatable.
+the named Gamma traces ``gamma-RATE-CV`` of ``GAMMA`` (low rates, very bursty), or a file of
+either kind. Random draws use ``seed``, so a run is repeatable.
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ from dilu.sim.workload import DATA
 
 AZURE = {"azure-code": "AzureLLMInferenceTrace_code.csv", "azure-conv": "AzureLLMInferenceTrace_conv.csv"}
 RATE_SHAPES = ("bursty", "periodic", "sporadic")
+# Low-rate, very bursty traffic (means of 1-5 requests a second, coefficients of variation 4-8):
+# where a rate barely shows the work, and bursts come after gaps.
+GAMMA = {f"gamma-{rate}-{cv}": f"gamma:{rate}:{cv}" for rate in (1, 2, 5) for cv in (4, 8)}
+NAMED_TRACES = (*RATE_SHAPES, *AZURE, "gamma:20:4", *GAMMA)
 DEFAULT_DURATION_S = 900.0
 
 
@@ -59,6 +64,7 @@ def gamma_arrivals(rate: float, cv: float, duration_s: float, rng: np.random.Gen
 def load_trace(name: str, *, scale: float = 1.0, duration_s: float | None = None, seed: int = 0) -> np.ndarray:
     """Arrival times (seconds) of the named trace; ``scale`` multiplies its rate."""
     rng = np.random.default_rng(seed)
+    name = GAMMA.get(name, name)
     if scale <= 0:
         raise TraceError(f"trace scale must be positive, got {scale}")
     if name in AZURE:
@@ -86,7 +92,7 @@ def load_trace(name: str, *, scale: float = 1.0, duration_s: float | None = None
     elif Path(name).suffix == ".csv" and Path(name).is_file():
         arrivals = _azure(Path(name))
     else:
-        raise TraceError(f"no trace {name!r}: use {', '.join([*AZURE, *RATE_SHAPES])}, poisson:RATE, "
+        raise TraceError(f"no trace {name!r}: use {', '.join([*AZURE, *RATE_SHAPES, *GAMMA])}, poisson:RATE, "
                          "gamma:RATE:CV, or a file")
     if duration_s is not None:
         arrivals = arrivals[arrivals < duration_s]
