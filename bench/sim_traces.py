@@ -18,11 +18,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from dilu.sim.placement import PlacementResult
 from dilu.sim.policies import POLICY_NAMES, build_ablations, build_policies
 from dilu.sim.report import PolicyRun, metrics
 from dilu.sim.serving import ServingSetup, simulate_serving
 from dilu.sim.traces import NAMED_TRACES, load_trace
-from dilu.sim.placement import PlacementResult
 
 BASELINES = ("exclusive", "mps", "infless", "horizontal-only", "tgs")
 

@@ -144,9 +144,9 @@ class ControllerSettings(CommonSettings):
     profile_trial_s: float = Field(0.5, gt=0, description="Least time per profiling trial (inference trials "
                                                           "also run at least 100 requests)")
     horizontal_interval_s: float = Field(1.0, gt=0)
-    horizontal_window: int = Field(40, ge=1)
+    horizontal_window: int = Field(60, ge=1)
     horizontal_out_samples: int = Field(20, ge=1)
-    horizontal_in_samples: int = Field(30, ge=1)
+    horizontal_in_samples: int = Field(60, ge=1)
     horizontal_trend: bool = Field(True, description="Scale out at once when a second is over capacity and "
                                                     "the backlog grew (false: only after out_samples)")
     keepalive_min_samples: int = Field(10, ge=1, description="Idle times before the histogram is trusted")

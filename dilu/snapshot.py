@@ -28,7 +28,9 @@ def build_snapshot(workers: Sequence[WorkerInfo], instances: Iterable[InstanceRo
         devices.append(Device(
             id=info.id, node=info.host, kind=info.device.kind, memory_bytes=info.device.memory_bytes,
             memory_used=sum(r.memory_bytes for r in rows), sm_requested=sum(r.sm_request or 0.0 for r in rows),
-            sm_limited=sum(r.sm_limit or 0.0 for r in rows), functions=latency | batch,
+            sm_limited=sum(r.sm_limit or 0.0 for r in rows),
+            sm_requested_batch=sum(r.sm_request or 0.0 for r in rows if r.function in batch),
+            sm_limited_batch=sum(r.sm_limit or 0.0 for r in rows if r.function in batch), functions=latency | batch,
             latency_functions=latency, batch_functions=batch))
     return ClusterSnapshot.of(devices)
 

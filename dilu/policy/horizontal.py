@@ -27,9 +27,9 @@ from typing import NamedTuple
 @dataclass(frozen=True)
 class HorizontalParams:
     interval_s: float = 1.0
-    window: int = 40
+    window: int = 60
     out_samples: int = 20
-    in_samples: int = 30
+    in_samples: int = 60       # a quiet minute: bursts a minute apart keep their instance
     trend: bool = True         # the newest sample over with the backlog growing: scale out now
 
 

@@ -40,6 +40,8 @@ class KeepAliveParams:
     min_later: int = 1            # idle times longer than the current one needed to predict from them
     request_worth_gb_s: float = 50.0  # idle memory (GB x s) worth one request not delayed by a cold start
     rate_weight: float = 0.2      # of the newest busy second in the busy-second rate (a moving average)
+    weighed_extension: float = 1.0   # without a prediction, hold up to this x the keep-alive longer when
+                                     # the memory held is worth less than the requests a cold start delays
 
 
 @dataclass(frozen=True)
@@ -92,12 +94,14 @@ def decide(state: KeepAliveState, idle_s: float, *, fixed_keep_alive_s: float, c
     histogram alone decides)."""
     idle = list(state.idle_times)
     if len(idle) < params.min_samples:
-        return _fixed(idle_s, fixed_keep_alive_s, f"{len(idle)} idle times so far")
+        return _weighed(state, idle_s, fixed_keep_alive_s, cold_start_s, params, memory_gb,
+                        f"{len(idle)} idle times so far")
     if idle_s < params.burst_s:
         return KeepAliveDecision(Verdict.HOLD, "histogram", "inside a burst")
     later = [t for t in idle if t > idle_s]
     if len(later) < params.min_later:
-        return _fixed(idle_s, fixed_keep_alive_s, f"longer than all but {len(later)} of {len(idle)} idle times seen")
+        return _weighed(state, idle_s, fixed_keep_alive_s, cold_start_s, params, memory_gb,
+                        f"longer than all but {len(later)} of {len(idle)} idle times seen")
     head = percentile(later, params.head_percentile)
     lead = cold_start_s * (1 + params.margin) + params.lead_s
     if head - idle_s <= lead:
@@ -122,6 +126,21 @@ def decide(state: KeepAliveState, idle_s: float, *, fixed_keep_alive_s: float, c
     return KeepAliveDecision(Verdict.UNLOAD, "histogram", f"next request not due for {head - idle_s:.1f}s; "
                                                           f"pre-warm at {head - lead:.1f}s idle",
                              prewarm_at_idle_s=head - lead)
+
+
+def _weighed(state: KeepAliveState, idle_s: float, keep_alive_s: float, cold_start_s: float,
+             params: KeepAliveParams, memory_gb: float, why: str) -> KeepAliveDecision:
+    """The fixed keep-alive, held once more (up to ``weighed_extension`` x) when nothing predicts
+    the next request but holding the memory that long is worth less than the requests a cold
+    start would delay, at even odds (the histogram's prior with no idle time seen)."""
+    extension = params.weighed_extension * keep_alive_s
+    if keep_alive_s <= idle_s < keep_alive_s + extension and memory_gb > 0:
+        delayed = state.busy_rate * cold_start_s
+        if memory_gb * extension < params.request_worth_gb_s * 0.5 * delayed:
+            return KeepAliveDecision(Verdict.HOLD, "fixed", f"past keep-alive {keep_alive_s:g}s ({why}), held: "
+                                                            f"{memory_gb:g} GB for {extension:g}s is worth less "
+                                                            f"than even odds of delaying {delayed:.0f} requests")
+    return _fixed(idle_s, keep_alive_s, why)
 
 
 def _fixed(idle_s: float, keep_alive_s: float, why: str) -> KeepAliveDecision:

@@ -17,6 +17,7 @@ from dilu.policy.autoscale import ScalingParams
 from dilu.policy.horizontal import HorizontalParams
 from dilu.policy.keepalive import KeepAliveParams
 from dilu.policy.scheduler import Scheduler, create_scheduler
+from dilu.policy.scheduler.plugins.compute_cap import ComputeCap
 
 Shares = Literal["vertical", "limit", "request", "whole", "priority"]
 
@@ -66,10 +67,17 @@ def build_policies() -> dict[str, SimPolicy]:
 def build_ablations() -> dict[str, SimPolicy]:
     """Dilu with one rule of its serving off at a time (for the ablation tables)."""
     dilu = build_policies()["dilu"]
+    limits_overlap = Scheduler("dilu-no-batch-yields", [
+        ComputeCap("limit", f.cap) if isinstance(f, ComputeCap) and f.of == "limit" else f
+        for f in dilu.scheduler.filters], dilu.scheduler.scores)
     rules = {
         "no-batch-to-bound": {"batching": "profiled"},
+        "no-batch-yields": {"scheduler": limits_overlap},
+        "no-limits-apart": {"scheduler": _without(dilu.scheduler, "LimitsApart", "dilu-no-limits-apart")},
+        "no-quiet-minute": {"scaling": ScalingParams(horizontal=HorizontalParams(window=40, in_samples=30))},
         "no-trend": {"scaling": ScalingParams(horizontal=HorizontalParams(trend=False))},
         "no-memory-weighing": {"scaling": ScalingParams(keepalive=KeepAliveParams(request_worth_gb_s=0))},
+        "no-weighed-extension": {"scaling": ScalingParams(keepalive=KeepAliveParams(weighed_extension=0.0))},
     }
     return {f"dilu-{rule}": replace(dilu, name=f"dilu-{rule}", summary=f"Dilu, {rule}", **change)
             for rule, change in rules.items()}

@@ -46,7 +46,8 @@ from dilu.sim.placement import GiB, empty_cluster
 from dilu.sim.policies import LIVE, SimPolicy
 
 REQUEST_TIMEOUT_S = 30.0      # a request waiting longer is dropped (and counted as a violation)
-FIXED_KEEPALIVE = ScalingParams(keepalive=KeepAliveParams(min_samples=10**9))   # keep-alive's fixed path
+# The baselines' keep-alive: the fixed window alone, never weighed against cold starts.
+FIXED_KEEPALIVE = ScalingParams(keepalive=KeepAliveParams(min_samples=10**9, weighed_extension=0.0))
 
 
 @dataclass(frozen=True)

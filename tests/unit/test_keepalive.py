@@ -56,6 +56,25 @@ def test_memory_weighs_against_a_cold_start() -> None:
     assert large.verdict == Verdict.UNLOAD
 
 
+@pytest.mark.parametrize(("label", "requests", "memory_gb", "idle", "verdict", "reason"), [
+    ("a busy function's small instance is held past its keep-alive", 20, 2, 61, Verdict.HOLD, "even odds"),
+    ("... for one keep-alive more, then unloaded", 20, 2, 120, Verdict.UNLOAD, "keep-alive 60s"),
+    ("a large instance is not worth the requests", 20, 80, 61, Verdict.UNLOAD, "keep-alive 60s"),
+    ("one request a second is not worth 4 GB held a minute", 1, 4, 61, Verdict.UNLOAD, "keep-alive 60s"),
+    ("free memory changes nothing", 20, 0, 61, Verdict.UNLOAD, "keep-alive 60s"),
+    ("within the keep-alive nothing changes", 20, 80, 59, Verdict.HOLD, "within keep-alive"),
+])
+def test_without_a_prediction_the_keep_alive_is_weighed_once_more(label: str, requests: int, memory_gb: float,
+                                                                   idle: float, verdict: Verdict, reason: str) -> None:
+    """Too few idle times to predict from: 20 requests a second and a 5 s cold start put 100
+    requests at even odds of waiting (worth 2,500 GB x s); 2 GB held 60 s more is 120 GB x s,
+    80 GB is 4,800."""
+    state = history([10, 10], requests=requests)
+    decision = decide(state, idle, fixed_keep_alive_s=60.0, cold_start_s=5, params=P, memory_gb=memory_gb)
+    assert (decision.verdict, decision.mode) == (verdict, "fixed"), (label, decision)
+    assert reason in decision.reason, (label, decision)
+
+
 def test_a_light_function_with_a_fast_cold_start_is_unloaded() -> None:
     state = history(BURSTY, requests=1)     # one request would wait for a 1 s cold start
     assert decide(state, 5.0, fixed_keep_alive_s=60.0, cold_start_s=1, params=P, memory_gb=2).verdict == \

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -14,6 +16,7 @@ from dilu.policy.scheduler.plugins import (
     compute_cap,
     device_kind,
     exclusive,
+    limits_apart,
     memory_fit,
     priority_pair,
 )
@@ -23,9 +26,14 @@ GiB = 2**30
 
 
 def make_gpu(name: str, node: str = "n0", *, sm: float = 0.0, limit: float = 0.0, mem: int = 0,
-             latency: tuple[str, ...] = (), batch: tuple[str, ...] = (), kind: str = "gpu") -> Device:
+             latency: tuple[str, ...] = (), batch: tuple[str, ...] = (), kind: str = "gpu",
+             batch_part: float | None = None) -> Device:
+    """``batch_part``: the share of ``sm`` and ``limit`` batch work holds (default: all of it on a
+    GPU of batch work alone, none otherwise)."""
+    part = batch_part if batch_part is not None else 1.0 if batch and not latency else 0.0
     return Device(name, node, kind=kind, memory_bytes=40 * GiB, memory_used=mem * GiB, sm_requested=sm,
-                  sm_limited=limit, functions=frozenset(latency + batch), latency_functions=frozenset(latency),
+                  sm_limited=limit, sm_requested_batch=part * sm, sm_limited_batch=part * limit,
+                  functions=frozenset(latency + batch), latency_functions=frozenset(latency),
                   batch_functions=frozenset(batch))
 
 
@@ -53,6 +61,8 @@ def test_vectorised_plugins_agree_with_their_scalar_helpers(request_: PlacementR
         (memory_fit.MemoryFit(), lambda d: memory_fit.fits(request_, d)),
         (compute_cap.ComputeCap("request", 1.0), lambda d: compute_cap.fits(request_, d, of="request", cap=1.0)),
         (compute_cap.ComputeCap("limit", 1.5), lambda d: compute_cap.fits(request_, d, of="limit", cap=1.5)),
+        (compute_cap.ComputeCap("limit", 1.5, batch_yields=True),
+         lambda d: compute_cap.fits(request_, d, of="limit", cap=1.5, batch_yields=True)),
         (exclusive.Exclusive(), lambda d: exclusive.fits(request_, d)),
         (priority_pair.PriorityPair(), lambda d: priority_pair.fits(request_, d)),
     ]
@@ -63,6 +73,7 @@ def test_vectorised_plugins_agree_with_their_scalar_helpers(request_: PlacementR
         (best_fit.BestFit2D(0.6, 0.4, "request"), lambda d: best_fit.score(request_, d)),
         (complementary.Complementary(), lambda d: complementary.score(request_, d)),
         (active.ActiveFirst(), lambda d: active.score(request_, d)),
+        (limits_apart.LimitsApart(1.5), lambda d: limits_apart.score(request_, d, 1.5)),
         (affinity.Affinity(), lambda d: affinity.score(request_, d, partner_set)),
     ]
     for plugin, scalar in scores:
@@ -73,8 +84,14 @@ def test_vectorised_plugins_agree_with_their_scalar_helpers(request_: PlacementR
     ("latency beside batch over an empty gpu", "dilu", make_request(), CLUSTER, ("half-batch",)),
     ("batch beside latency", "dilu", make_request("t2", "batch"), CLUSTER, ("lat-only",)),
     ("cpu-only function", "dilu", make_request(gpu=False), CLUSTER, ("cpu",)),
-    ("limits cap 1.5 keeps off a crowded gpu", "dilu", make_request(sm=0.3, limit=0.6),
+    ("limits kept apart while a gpu allows it", "dilu", make_request(sm=0.3, limit=0.6),
      [make_gpu("limits-high", sm=0.3, limit=1.3, batch=("b",)), make_gpu("fresh")], ("fresh",)),
+    ("a latency limit overlaps batch work's when no gpu keeps them apart", "dilu", make_request(sm=0.3, limit=0.6),
+     [make_gpu("limits-high", sm=0.3, limit=1.3, batch=("b",))], ("limits-high",)),
+    ("latency limits alone still cap at 1.5", "dilu", make_request(sm=0.3, limit=0.6),
+     [make_gpu("latency-high", sm=0.3, limit=1.3, latency=("x",)), make_gpu("fresh")], ("fresh",)),
+    ("batch limits never overlap each other", "dilu", make_request("t2", "batch", sm=0.3, limit=1.0),
+     [make_gpu("training", sm=0.3, limit=1.0, batch=("t1",)), make_gpu("fresh")], ("fresh",)),
     ("requests never exceed 1.0", "dilu", make_request(sm=0.6, limit=0.6),
      [make_gpu("busy", sm=0.5, limit=0.5, batch=("b",)), make_gpu("fresh")], ("fresh",)),
     ("exclusive takes an empty gpu", "exclusive", make_request(), CLUSTER, ("empty",)),
@@ -91,6 +108,19 @@ def test_policies(label: str, policy: str, request_: PlacementRequest, cluster: 
                   expected: tuple[str, ...]) -> None:
     decision = create_scheduler(policy).place(request_, ClusterSnapshot.of(cluster))
     assert decision.ok and decision.devices == expected, (label, decision)
+
+
+def test_a_batch_limit_counts_at_its_request_against_latency_limits_only() -> None:
+    """A training job (0.3 / 1.0) beside a latency instance (0.4 / 1.0): latency limits 1.0 plus
+    the training's request 0.3 leave 0.2 for another latency limit, and no room for a second
+    training job's limit beside the first."""
+    gpu = replace(make_gpu("shared", sm=0.7, limit=2.0, latency=("web",), batch=("train",)),
+                  sm_requested_batch=0.3, sm_limited_batch=1.0)
+    fits = compute_cap.fits
+    assert fits(make_request(sm=0.1, limit=0.2), gpu, of="limit", cap=1.5, batch_yields=True)
+    assert not fits(make_request(sm=0.1, limit=0.3), gpu, of="limit", cap=1.5, batch_yields=True)
+    assert not fits(make_request("t2", "batch", sm=0.1, limit=0.6), gpu, of="limit", cap=1.5, batch_yields=True)
+    assert not fits(make_request(sm=0.1, limit=0.2), gpu, of="limit", cap=1.5), "without it all limits add up"
 
 
 def test_affinity_keeps_a_latency_function_with_the_batch_jobs_it_already_shares() -> None:
@@ -121,6 +151,12 @@ def test_snapshot_after_a_placement_counts_it() -> None:
     after = SNAP.with_placement([0], make_request("new", sm=0.3, limit=0.6))
     assert after.sm_requested[0] == pytest.approx(0.3) and after.devices[0].latency_functions == {"new"}
     assert SNAP.sm_requested[0] == 0.0, "the original snapshot is unchanged"
+    job = make_request("job", "batch", sm=0.2, limit=1.0)
+    trained = after.with_placement([0], job)
+    assert (trained.sm_requested_batch[0], trained.sm_limited_batch[0]) == pytest.approx((0.2, 1.0))
+    assert trained.devices[0].sm_limited_batch == pytest.approx(1.0)
+    gone = trained.without(0, job)
+    assert (gone.sm_requested_batch[0], gone.sm_limited_batch[0], gone.sm_limited[0]) == pytest.approx((0, 0, 0.6))
 
 
 @pytest.mark.parametrize(("name", "args", "message"), [

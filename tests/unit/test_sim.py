@@ -134,6 +134,7 @@ def test_traces_and_workloads() -> None:
     assert np.all((rates >= 1) & (rates < 2)) and 60 < len(rates) < 140
     gamma = load_trace("gamma:10:2", duration_s=200, seed=3)
     assert 1000 < len(gamma) < 3000 and np.all(np.diff(gamma) >= 0)
+    assert np.array_equal(load_trace("gamma-2-8", duration_s=300), load_trace("gamma:2:8", duration_s=300))
     with pytest.raises(TraceError, match="no trace 'nope'"):
         load_trace("nope")
     with pytest.raises(TraceError, match="poisson:RATE"):

@@ -44,6 +44,8 @@ class Device:
     memory_used: int = 0
     sm_requested: float = 0.0
     sm_limited: float = 0.0
+    sm_requested_batch: float = 0.0   # of the above, what batch-class instances hold
+    sm_limited_batch: float = 0.0
     functions: frozenset[str] = frozenset()
     latency_functions: frozenset[str] = frozenset()
     batch_functions: frozenset[str] = frozenset()
@@ -65,6 +67,10 @@ class Placement:
         return self.code is Code.SUCCESS
 
 
+_COLUMNS = ("memory_used", "sm_requested", "sm_limited", "sm_requested_batch", "sm_limited_batch",
+            "has_latency", "has_batch")   # the per-device arrays a placement or removal changes
+
+
 @dataclass(frozen=True)
 class ClusterSnapshot:
     """Immutable view of every device, with column arrays for the plugins."""
@@ -75,6 +81,8 @@ class ClusterSnapshot:
     memory_used: np.ndarray = field(repr=False, default=None)
     sm_requested: np.ndarray = field(repr=False, default=None)
     sm_limited: np.ndarray = field(repr=False, default=None)
+    sm_requested_batch: np.ndarray = field(repr=False, default=None)
+    sm_limited_batch: np.ndarray = field(repr=False, default=None)
     has_latency: np.ndarray = field(repr=False, default=None)
     has_batch: np.ndarray = field(repr=False, default=None)
     nodes: np.ndarray = field(repr=False, default=None)
@@ -95,6 +103,8 @@ class ClusterSnapshot:
             memory_used=np.array([d.memory_used for d in devices], dtype=np.float64),
             sm_requested=np.array([d.sm_requested for d in devices], dtype=np.float64),
             sm_limited=np.array([d.sm_limited for d in devices], dtype=np.float64),
+            sm_requested_batch=np.array([d.sm_requested_batch for d in devices], dtype=np.float64),
+            sm_limited_batch=np.array([d.sm_limited_batch for d in devices], dtype=np.float64),
             has_latency=np.array([bool(d.latency_functions) for d in devices], dtype=bool),
             has_batch=np.array([bool(d.batch_functions) for d in devices], dtype=bool),
             nodes=np.array([node_ids.setdefault(d.node, len(node_ids)) for d in devices], dtype=np.int64),
@@ -111,9 +121,9 @@ class ClusterSnapshot:
         """The snapshot after ``request`` lands on ``indices`` (for the next decision in a cycle).
         Only the touched entries change; the arrays are copied, never shared."""
         devices = list(self.devices)
-        arrays = {name: getattr(self, name).copy() for name in
-                  ("memory_used", "sm_requested", "sm_limited", "has_latency", "has_batch")}
+        arrays = {name: getattr(self, name).copy() for name in _COLUMNS}
         devices_of = dict(self.devices_of)
+        batch_share = 0.0 if request.cls == "latency" else 1.0
         for i in indices:
             d = devices[i]
             latency = d.latency_functions | ({request.function} if request.cls == "latency" else frozenset())
@@ -121,11 +131,15 @@ class ClusterSnapshot:
             devices[i] = replace(d, memory_used=d.memory_used + request.memory_bytes,
                                  sm_requested=d.sm_requested + request.sm_request,
                                  sm_limited=d.sm_limited + request.sm_limit,
+                                 sm_requested_batch=d.sm_requested_batch + batch_share * request.sm_request,
+                                 sm_limited_batch=d.sm_limited_batch + batch_share * request.sm_limit,
                                  functions=d.functions | {request.function},
                                  latency_functions=frozenset(latency), batch_functions=frozenset(batch))
             arrays["memory_used"][i] += request.memory_bytes
             arrays["sm_requested"][i] += request.sm_request
             arrays["sm_limited"][i] += request.sm_limit
+            arrays["sm_requested_batch"][i] += batch_share * request.sm_request
+            arrays["sm_limited_batch"][i] += batch_share * request.sm_limit
             arrays["has_latency"][i] = bool(latency)
             arrays["has_batch"][i] = bool(batch)
         devices_of[request.function] = devices_of.get(request.function, frozenset()) | frozenset(indices)
@@ -141,16 +155,17 @@ class ClusterSnapshot:
         devices = list(self.devices)
         latency = d.latency_functions - {request.function}
         batch = d.batch_functions - {request.function}
-        devices[device_index] = replace(d, memory_used=max(0, d.memory_used - request.memory_bytes),
-                                        sm_requested=max(0.0, d.sm_requested - request.sm_request),
-                                        sm_limited=max(0.0, d.sm_limited - request.sm_limit),
-                                        functions=d.functions - {request.function},
-                                        latency_functions=latency, batch_functions=batch)
-        arrays = {name: getattr(self, name).copy() for name in
-                  ("memory_used", "sm_requested", "sm_limited", "has_latency", "has_batch")}
-        arrays["memory_used"][device_index] = devices[device_index].memory_used
-        arrays["sm_requested"][device_index] = devices[device_index].sm_requested
-        arrays["sm_limited"][device_index] = devices[device_index].sm_limited
+        batch_share = 0.0 if request.cls == "latency" else 1.0
+        devices[device_index] = replace(
+            d, memory_used=max(0, d.memory_used - request.memory_bytes),
+            sm_requested=max(0.0, d.sm_requested - request.sm_request),
+            sm_limited=max(0.0, d.sm_limited - request.sm_limit),
+            sm_requested_batch=max(0.0, d.sm_requested_batch - batch_share * request.sm_request),
+            sm_limited_batch=max(0.0, d.sm_limited_batch - batch_share * request.sm_limit),
+            functions=d.functions - {request.function}, latency_functions=latency, batch_functions=batch)
+        arrays = {name: getattr(self, name).copy() for name in _COLUMNS}
+        for name in ("memory_used", "sm_requested", "sm_limited", "sm_requested_batch", "sm_limited_batch"):
+            arrays[name][device_index] = getattr(devices[device_index], name)
         arrays["has_latency"][device_index] = bool(latency)
         arrays["has_batch"][device_index] = bool(batch)
         devices_of = dict(self.devices_of)

@@ -21,8 +21,10 @@ Plugins = list[tuple[str, dict[str, Any]]]
 
 PROFILES: dict[Policy, tuple[Plugins, Plugins]] = {
     Policy.DILU: (
-        [("DeviceKind", {}), ("MemoryFit", {}), ("ComputeRequests", {"cap": 1.0}), ("ComputeLimits", {"cap": 1.5})],
-        [("Affinity", {}), ("Complementary", {}), ("ActiveFirst", {}), ("BestFit2D", {})],
+        [("DeviceKind", {}), ("MemoryFit", {}), ("ComputeRequests", {"cap": 1.0}),
+         ("ComputeLimits", {"cap": 1.5, "batch_yields": True})],
+        [("Affinity", {}), ("LimitsApart", {"cap": 1.5}), ("Complementary", {}), ("ActiveFirst", {}),
+         ("BestFit2D", {})],
     ),
     Policy.EXCLUSIVE: ([("DeviceKind", {}), ("Exclusive", {})], [("BestFit2D", {})]),
     Policy.STATIC_LIMITS: (

@@ -13,6 +13,7 @@ from dilu.policy.scheduler.plugins import (
     compute_cap,
     device_kind,
     exclusive,
+    limits_apart,
     memory_fit,
     priority_pair,
 )
@@ -29,6 +30,7 @@ REGISTRY: dict[str, Factory] = {
     affinity.NAME: affinity.factory,
     complementary.NAME: complementary.factory,
     active.NAME: active.factory,
+    limits_apart.NAME: limits_apart.factory,
     priority_pair.NAME: priority_pair.factory,
 }
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from dilu.policy.scheduler.framework import ClusterSnapshot, PlacementRequest, Scheduler
-from dilu.policy.scheduler.plugins.compute_cap import EPSILON, ComputeCap
+from dilu.policy.scheduler.plugins.compute_cap import EPSILON, ComputeCap, totals
 
 
 @dataclass(frozen=True)
@@ -52,8 +52,7 @@ def _shortfall(scheduler: Scheduler, snapshot: ClusterSnapshot, index: int, want
     for plugin in scheduler.filters:
         if not isinstance(plugin, ComputeCap):
             continue
-        used = device.sm_requested if plugin.of == "request" else device.sm_limited
-        total = used + (wanted.sm_request if plugin.of == "request" else wanted.sm_limit)
+        total = max(totals(wanted, device, of=plugin.of, batch_yields=plugin.batch_yields))
         if device.kind == "gpu" and total > plugin.cap + EPSILON:
             broken.append(f"compute {plugin.of}s would total {total:.2f} > {plugin.cap:g} "
                           f"(short by {total - plugin.cap:.2f})")
