@@ -8,7 +8,11 @@ Three CPU functions (a handler that sleeps a known time per batch: 100, 200 and 
 request; batches up to 4; loading takes 1 s; SLO p99 2.5x the batch-1 time; keep-alive 10 s; at
 most 3 instances) get
 arrivals from the `bursty`, `periodic` and `sporadic` rate shapes, time-compressed and scaled so
-that their busiest seconds ask about 1.5x what one instance serves. Every request is sent to the
+that their busiest seconds ask about 1.5x what one instance serves. A fourth streams text: each
+step sleeps 40 ms plus 5 ms per stream in the running batch (up to 4 streams), each stream's
+length is drawn from the Azure LLM conversation trace's output tokens (a tenth of them, at most
+60), its arrivals follow `bursty`; its SLO is on the time to the first token (3x a step of 4),
+and it scales by occupancy (4 streams per instance), as a text generator does. Every request is sent to the
 live platform at its time; the same arrivals go through `simulate_serving` with the `dilu` policy,
 each function's profile built from what the platform measured (its warm service time at batch 1,
 the handler's known growth per request, and its cold start, creation to ready).
@@ -42,8 +46,9 @@ from dilu.policy.profiler import Profile, TableRunner
 from dilu.sim.models import ModelProfile
 from dilu.sim.policies import build_policies
 from dilu.sim.serving import ServingSetup, simulate_serving
-from dilu.sim.traces import from_rates
+from dilu.sim.traces import from_rates, generated_tokens
 from tests.platform import Platform  # the harness that runs `dilu up`
+from tests.waiting import eventually
 
 BATCH = 4
 PER_ITEM_S = 0.01
@@ -67,6 +72,56 @@ class Sleeper:
         time.sleep(self.base_s + self.per_item_s * len(inputs))
         return list(inputs)
 '''
+STREAM = ("stream", 0.04, 0.005, "bursty")   # name, step, per stream in the batch, rate shape
+STREAM_HANDLER = '''"""Streams text: each step sleeps a known time, longer with more streams in the batch."""
+import time
+
+from dilu import Last
+
+
+class Streamer:
+    def __init__(self, step_s=0.04, per_stream_s=0.005, load_s=1.0):
+        self.step_s, self.per_stream_s, self.load_s = float(step_s), float(per_stream_s), float(load_s)
+
+    def load(self):
+        time.sleep(self.load_s)
+
+    def start(self, request):
+        return {"left": int(request.get("max_new_tokens", 16))}
+
+    def step(self, states):
+        time.sleep(self.step_s + self.per_stream_s * len(states))
+        chunks = []
+        for state in states:
+            state["left"] -= 1
+            chunks.append(Last({"text": "x"}) if state["left"] <= 0 else {"text": "x"})
+        return chunks
+
+    def finish(self, chunks):
+        return {"text": "".join(c["text"] for c in chunks)}
+'''
+STREAM_SPEC = """name: {name}
+handler: handler:Streamer
+generates: text
+model:
+  step_s: {step}
+  per_stream_s: {per_stream}
+  load_s: {load}
+slo:
+  p99_ms: {slo_ms}
+resources:
+  memory: 256Mi
+  gpu: false
+  sm_request: 0.1
+  sm_limit: 0.2
+scaling:
+  min_instances: 0
+  max_instances: {max_instances}
+  keep_alive_s: {keep}
+batching:
+  max_batch_size: {batch}
+  max_wait_ms: 0
+"""
 SPEC = """name: {name}
 handler: handler:Sleeper
 model:
@@ -103,6 +158,16 @@ def slo_s(base: float) -> float:
     return 2.5 * (base + PER_ITEM_S)
 
 
+def stream_slo_s() -> float:
+    """The stream's SLO, on its first token: three steps of a full batch."""
+    _, step, per_stream, _ = STREAM
+    return 3 * (step + per_stream * BATCH)
+
+
+def stream_tokens(count: int, seed: int) -> np.ndarray:
+    return generated_tokens(count, np.random.default_rng(seed), trace="azure-conv", scale=0.1, cap=60)
+
+
 def arrivals_for(shape: str, capacity: float, seconds: float, compress: float, seed: int) -> np.ndarray:
     """Poisson arrivals following a rate shape, ``compress`` x faster, scaled so that its busiest
     seconds (95th percentile) ask 1.5 x ``capacity``."""
@@ -124,7 +189,37 @@ def write_functions(folder: Path) -> list[Path]:
                                                        slo_ms=round(slo_s(base) * 1000), keep=KEEP_ALIVE_S, load=LOAD_S,
                                                        max_instances=MAX_INSTANCES, batch=BATCH))
         specs.append(source / "model.yaml")
+    name, step, per_stream, _ = STREAM
+    source = folder / name
+    source.mkdir(parents=True)
+    (source / "handler.py").write_text(STREAM_HANDLER)
+    (source / "model.yaml").write_text(STREAM_SPEC.format(name=name, step=step, per_stream=per_stream, load=LOAD_S,
+                                                          slo_ms=round(stream_slo_s() * 1000), keep=KEEP_ALIVE_S,
+                                                          max_instances=MAX_INSTANCES, batch=BATCH))
+    specs.append(source / "model.yaml")
     return specs
+
+
+def stream_request(name: str, tokens: int) -> dict:
+    """The arguments of ``client.stream`` for a stream of ``tokens`` tokens, as server-sent events."""
+    return {"method": "POST", "url": f"/v1/functions/{name}/invoke", "json": {"max_new_tokens": tokens},
+            "headers": {"accept": "text/event-stream"}}
+
+
+def measure_stream(platform: Platform) -> tuple[float, float, float]:
+    """The stream's time to its first token and per later token, alone (medians of 10 streams of
+    20 tokens, from the client), and its cold start."""
+    name = STREAM[0]
+    firsts, steps = [], []
+    for _ in range(10):
+        began = time.perf_counter()
+        with platform.http.stream(**stream_request(name, 20)) as reply:
+            stamps = [time.perf_counter() for line in reply.iter_lines() if line.startswith("data: {")]
+        firsts.append(stamps[0] - began)
+        steps.append((stamps[-1] - stamps[0]) / (len(stamps) - 1))
+    instance = [i for i in platform.instances(name) if i["ready_at"]][0]
+    cold = (datetime.fromisoformat(instance["ready_at"]) - datetime.fromisoformat(instance["created_at"]))
+    return statistics.median(firsts), statistics.median(steps), cold.total_seconds()
 
 
 def measure(platform: Platform, name: str) -> tuple[float, float, dict | None]:
@@ -141,9 +236,9 @@ def measure(platform: Platform, name: str) -> tuple[float, float, dict | None]:
     return statistics.median(times), cold.total_seconds(), profile if (profile or {}).get("status") == "done" else None
 
 
-async def replay(platform: Platform, arrivals: dict[str, np.ndarray]) -> dict[str, Tally]:
+async def replay(platform: Platform, arrivals: dict[str, np.ndarray], tokens: np.ndarray) -> dict[str, Tally]:
     tallies = {name: Tally(arrivals=len(times)) for name, times in arrivals.items()}
-    limits = {name: slo_s(base) for name, base, _ in FUNCTIONS}
+    limits = {**{name: slo_s(base) for name, base, _ in FUNCTIONS}, STREAM[0]: stream_slo_s()}
     done = asyncio.Event()
     counts = {name: 1 for name in arrivals}
     started = time.perf_counter()
@@ -163,19 +258,28 @@ async def replay(platform: Platform, arrivals: dict[str, np.ndarray]) -> dict[st
         async def one(name: str, index: int) -> None:
             began = time.perf_counter()
             try:
-                reply = await client.post(f"/v1/functions/{name}/invoke", json=[index])
-                ok = reply.status_code == 200
+                if name == STREAM[0]:   # its latency is its first token's; it must end with [DONE]
+                    ok, latency = False, None
+                    async with client.stream(**stream_request(name, int(tokens[index]))) as reply:
+                        async for line in reply.aiter_lines():
+                            if latency is None and line.startswith("data: {"):
+                                latency = time.perf_counter() - began
+                            ok = ok or line == "data: [DONE]"
+                    ok = ok and reply.status_code == 200
+                else:
+                    reply = await client.post(f"/v1/functions/{name}/invoke", json=[index])
+                    ok, latency = reply.status_code == 200, None
             except httpx.HTTPError:
-                ok = False
-            latency = time.perf_counter() - began
+                ok, latency = False, None
+            latency = time.perf_counter() - began if latency is None else latency
             tallies[name].latencies.append(latency)
             tallies[name].timeline.append((began - started, latency, counts[name]))
             tallies[name].violations += (not ok) or latency > limits[name]
 
-        schedule = sorted((float(t), name) for name, times in arrivals.items() for t in times)
+        schedule = sorted((float(t), name, k) for name, times in arrivals.items() for k, t in enumerate(times))
         sampler = asyncio.create_task(sample())
         began, pending = time.monotonic(), []
-        for index, (offset, name) in enumerate(schedule):
+        for offset, name, index in schedule:
             await asyncio.sleep(max(0.0, began + offset - time.monotonic()))
             pending.append(asyncio.create_task(one(name, index)))
         await asyncio.gather(*pending)
@@ -191,7 +295,7 @@ async def replay(platform: Platform, arrivals: dict[str, np.ndarray]) -> dict[st
 
 
 def simulated(arrivals: dict[str, np.ndarray], measured: dict[str, tuple[float, float, dict | None]],
-              seconds: float) -> dict[str, Tally]:
+              seconds: float, tokens: np.ndarray, stream: tuple[float, float, float]) -> dict[str, Tally]:
     """Each function alone through the simulator (so that its figures are its own), with the
     platform's measured times and, where the platform profiled it, its profile's batch (the lazy
     scaler then runs, as on the platform)."""
@@ -207,16 +311,34 @@ def simulated(arrivals: dict[str, np.ndarray], measured: dict[str, tuple[float, 
         throughput = float(live_profile["throughput_per_s"]) if live_profile else batch / at_batch
         profile = Profile(kind="inference", sm_request=0.1, sm_limit=0.1, batch=batch,
                           throughput_per_s=throughput, latency_s=at_batch, trials=0)
-        model = ModelProfile(name=name, table=TableRunner(rows), slo_s=slo_s(base), profile=profile, memory_gb=0.25)
+        model = ModelProfile(name=name, table=TableRunner(rows), slo_s=slo_s(base), profile=profile, memory_gb=0.25,
+                             bound=BATCH)
         setup = ServingSetup(arrivals=arrivals[name], models=(model,), per_function=(arrivals[name],),
                              gpus=4, gpus_per_node=4, trainings=0, tick_s=0.01, cold_start_s=cold,
                              keep_alive_s=KEEP_ALIVE_S, max_instances=MAX_INSTANCES, duration_s=seconds + 30,
                              profiled=live_profile is not None)
-        result = simulate_serving(build_policies()["dilu"], setup)
-        tallies[name] = Tally(arrivals=result.arrivals, violations=result.violations,
-                              latencies=list(result.latencies), instance_s=result.instance_seconds,
-                              cold_starts=result.cold_starts, starts=result.starts)
+        tallies[name] = _tally(simulate_serving(build_policies()["dilu"], setup))
+    # The stream: a step's time is what the platform measured per token alone, plus the handler's
+    # known growth per stream in the batch; pinned, so it scales by occupancy (no profile).
+    name, step, per_stream, _ = STREAM
+    first, per_token, cold = stream
+    rows = [(b, sm, per_token + per_stream * (b - 1), b / (per_token + per_stream * (b - 1)))
+            for b in range(1, BATCH + 1) for sm in (1, 100)]
+    profile = Profile(kind="inference", sm_request=0.1, sm_limit=0.1, batch=BATCH, throughput_per_s=0.0,
+                      latency_s=first, trials=0)
+    model = ModelProfile(name=name, table=TableRunner(rows), slo_s=stream_slo_s(), profile=profile, memory_gb=0.25,
+                         bound=BATCH, generates=True)
+    setup = ServingSetup(arrivals=arrivals[name], models=(model,), per_function=(arrivals[name],), tokens=(tokens,),
+                         gpus=4, gpus_per_node=4, trainings=0, tick_s=0.01, cold_start_s=cold,
+                         keep_alive_s=KEEP_ALIVE_S, max_instances=MAX_INSTANCES, duration_s=seconds + 30,
+                         profiled=False)
+    tallies[name] = _tally(simulate_serving(build_policies()["dilu"], setup))
     return tallies
+
+
+def _tally(result) -> Tally:
+    return Tally(arrivals=result.arrivals, violations=result.violations, latencies=list(result.latencies),
+                 instance_s=result.instance_seconds, cold_starts=result.cold_starts, starts=result.starts)
 
 
 def ratio(sim: float, live: float) -> str:
@@ -229,7 +351,7 @@ def ratio(sim: float, live: float) -> str:
 def report(live: dict[str, Tally], sim: dict[str, Tally], measured: dict[str, tuple[float, float]]) -> None:
     print(f"{'function':<9}{'warm ms':>8}{'cold s':>7}  {'SLO viol live/sim':>19} {'ratio':>6}  "
           f"{'cold starts':>11} {'ratio':>6}  {'starts':>7}  {'instance-s live/sim':>20} {'ratio':>6}")
-    names = [name for name, _, _ in FUNCTIONS]
+    names = [name for name, _, _ in FUNCTIONS] + [STREAM[0]]
     rows = [(n, live[n], sim[n]) for n in names]
     total_live = Tally(sum(t.arrivals for t in live.values()), sum(t.violations for t in live.values()), [],
                        sum(t.instance_s for t in live.values()), sum(t.cold_starts for t in live.values()),
@@ -278,12 +400,22 @@ def main() -> None:
         specs = write_functions(workdir)
         for spec in specs:
             assert platform.deploy_file(spec).status_code == 201, spec
-        for name, _, _ in FUNCTIONS:
-            platform.wait_ready(name, timeout=300)
+        for name in [name for name, _, _ in FUNCTIONS] + [STREAM[0]]:
+            # Deployed (its verifying instance may have gone idle since: the measures wake it).
+            eventually(lambda name=name: platform.function(name)["status"] == "ready", timeout=300,
+                       what=f"{name} deployed")
         measured = {name: measure(platform, name) for name, _, _ in FUNCTIONS}
+        stream = measure_stream(platform)
         arrivals = {name: arrivals_for(shape, BATCH / (base + PER_ITEM_S * BATCH), args.seconds, args.compress,
                                        args.seed + k)
                     for k, (name, base, shape) in enumerate(FUNCTIONS)}
+        name, step, per_stream, shape = STREAM
+        tokens = stream_tokens(100_000, args.seed)
+        mean_s = float(np.mean(tokens)) * (step + per_stream * BATCH)   # a stream's time in a full batch
+        arrivals[name] = arrivals_for(shape, BATCH / mean_s, args.seconds, args.compress, args.seed + len(FUNCTIONS))
+        tokens = tokens[:len(arrivals[name])]
+        print(f"{name}: first token {stream[0] * 1000:.0f} ms, {stream[1] * 1000:.0f} ms per token alone, cold start "
+              f"{stream[2]:.2f} s; {len(tokens)} streams of {np.mean(tokens):.1f} tokens on average")
         for name, (warm, cold, profile) in measured.items():
             print(f"{name}: warm {warm * 1000:.0f} ms, cold start {cold:.2f} s, "
                   + (f"profiled: batch {profile['batch']}, {profile['throughput_per_s']:.1f} req/s" if profile
@@ -291,11 +423,12 @@ def main() -> None:
         print(f"replaying {sum(len(a) for a in arrivals.values())} requests over {args.seconds:g} s "
               f"({', '.join(f'{n}: {shape}' for n, _, shape in FUNCTIONS)}, compressed {args.compress:g}x)",
               flush=True)
-        live = asyncio.run(replay(platform, arrivals))
+        live = asyncio.run(replay(platform, arrivals, tokens))
     finally:
         platform.close()
         shutil.rmtree(workdir, ignore_errors=True)
-    report(live, simulated(arrivals, measured, args.seconds), measured)
+    measured[STREAM[0]] = (stream[0], stream[2], None)
+    report(live, simulated(arrivals, measured, args.seconds, tokens, stream), measured)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,19 @@ def _azure(path: Path) -> np.ndarray:
     return arrivals - arrivals[0]
 
 
+def generated_tokens(count: int, rng: np.random.Generator, *, trace: str = "azure-conv", scale: float = 1.0,
+                     cap: int | None = None) -> np.ndarray:
+    """A generative workload's stream lengths: ``count`` output-token counts drawn (with
+    replacement) from the Azure LLM trace's ``GeneratedTokens``, times ``scale`` (at least one
+    token), at most ``cap``."""
+    if trace not in AZURE:
+        raise TraceError(f"no token counts in {trace!r}: use {', '.join(AZURE)}")
+    with open(DATA / "traces" / "azure-llm-2023" / AZURE[trace], newline="", encoding="utf-8") as handle:
+        counts = np.array([int(row["GeneratedTokens"]) for row in csv.DictReader(handle)], dtype=np.int64)
+    drawn = np.maximum(1, np.rint(rng.choice(counts, size=count) * scale)).astype(np.int64)
+    return np.minimum(drawn, cap) if cap is not None else drawn
+
+
 def from_rates(rates: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """Poisson arrivals within each second at that second's rate."""
     counts = rng.poisson(np.maximum(rates, 0.0))
