@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -56,6 +56,7 @@ KEEP_ALIVE_S = 10.0
 LOAD_S = 1.0
 MAX_INSTANCES = 3
 TIMELINE = False
+EVENTS = False
 FUNCTIONS = (("fast", 0.10, "bursty"), ("medium", 0.20, "periodic"), ("slow", 0.40, "sporadic"))
 HANDLER = '''"""Sleeps a known time per batch: the service time the benchmark compares against."""
 import time
@@ -277,6 +278,7 @@ async def replay(platform: Platform, arrivals: dict[str, np.ndarray], tokens: np
             tallies[name].violations += (not ok) or latency > limits[name]
 
         schedule = sorted((float(t), name, k) for name, times in arrivals.items() for k, t in enumerate(times))
+        replay_began = datetime.now(UTC)
         sampler = asyncio.create_task(sample())
         began, pending = time.monotonic(), []
         for offset, name, index in schedule:
@@ -287,8 +289,12 @@ async def replay(platform: Platform, arrivals: dict[str, np.ndarray], tokens: np
         await sampler
         for name in arrivals:
             events = (await client.get(f"/v1/functions/{name}/events", params={"limit": 10000})).json()
-            # The deploy's own start (verifying it) came before the replay, as in the simulator.
-            ups = [e for e in events if e["action"] == "scale-up" and not e["reason"].startswith("verifying")]
+            # Only the replay's: the deploy's own start and the measures' wake-ups came before it.
+            during = [e for e in events if datetime.fromisoformat(e["at"].replace("Z", "+00:00")) >= replay_began]
+            if EVENTS:
+                for e in during:
+                    print(f"  {name} {e['at'][11:23]} {e['action']}: {e['reason']}")
+            ups = [e for e in during if e["action"] == "scale-up"]
             tallies[name].starts = len(ups)
             tallies[name].cold_starts = sum(1 for e in ups if e["reason"].startswith("scale from zero"))
     return tallies
@@ -388,11 +394,12 @@ def main() -> None:
     parser.add_argument("--compress", type=float, default=4.0, help="trace seconds per replayed second")
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--timeline", action="store_true", help="also print the live run second by second")
+    parser.add_argument("--events", action="store_true", help="also print the live scaling events of the replay")
     parser.add_argument("--unprofiled", action="store_true", help="deploy without profiling: the functions then "
                         "scale by concurrency instead of the lazy scaler")
     args = parser.parse_args()
-    global TIMELINE
-    TIMELINE = args.timeline
+    global TIMELINE, EVENTS
+    TIMELINE, EVENTS = args.timeline, args.events
     workdir = Path(tempfile.mkdtemp(prefix="dilu-simlive-"))
     platform = Platform(workdir / "home", env={} if args.unprofiled else
                         {"DILU_PROFILING": "true", "DILU_PROFILE_TRIAL_S": "0.4"})

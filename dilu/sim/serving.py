@@ -46,6 +46,7 @@ from dilu.sim.placement import GiB, empty_cluster
 from dilu.sim.policies import LIVE, SimPolicy
 
 REQUEST_TIMEOUT_S = 30.0      # a request waiting longer is dropped (and counted as a violation)
+RATE_LAG_S = 1.0              # how old the newest request count the controller sees is
 # The baselines' keep-alive: the fixed window alone, never weighed against cold starts.
 FIXED_KEEPALIVE = ScalingParams(keepalive=KeepAliveParams(min_samples=10**9, weighed_extension=0.0))
 
@@ -323,9 +324,12 @@ def _scale(policy: SimPolicy, setup: ServingSetup, fn: _Function, now: float, pa
     """Once a second: the controller's own composition (``dilu.policy.autoscale.plan``) decides the
     count, from the lazy scaler or, for the baselines, their count for the last second's rate."""
     model, p = fn.model, fn.model.profile
-    rate = int(np.searchsorted(fn.arrivals, now) - np.searchsorted(fn.arrivals, now - 1.0))
+    # The controller reads the newest second every gateway has surely flushed: the one that
+    # ended a second ago (the second just ended still lacks its last flush's counts).
+    seen = now - RATE_LAG_S
+    rate = int(np.searchsorted(fn.arrivals, seen) - np.searchsorted(fn.arrivals, seen - 1.0))
     if rate:
-        fn.scaling = LIVE["observe"](fn.scaling, now, rate, params)
+        fn.scaling = LIVE["observe"](fn.scaling, seen, rate, params)
     current = len(fn.instances)
     by_rate = None if policy.horizontal == "lazy" else _eager_count(policy, setup, fn, now, rate)
     # No vertical headroom: at the limit, or on a GPU with nothing left to give.
@@ -333,7 +337,7 @@ def _scale(policy: SimPolicy, setup: ServingSetup, fn: _Function, now: float, pa
                    for i in fn.instances) if policy.shares == "vertical" else True
     # Idle since the last request or, before any, since the function was deployed (at 0), as the
     # controller counts it.
-    last = fn.scaling.keepalive.last_request_at or 0.0
+    last = float(fn.arrivals[fn.next_arrival - 1]) if fn.next_arrival else 0.0   # the gateways' own clock
     decision, fn.scaling = LIVE["plan"](ScalingInputs(
         now=now, current=current, min_instances=0, max_instances=setup.max_instances,
         starting=sum(1 for i in fn.instances if now < i.ready_at), queued=len(fn.queue),
@@ -343,7 +347,7 @@ def _scale(policy: SimPolicy, setup: ServingSetup, fn: _Function, now: float, pa
         # The controller's yardstick is the profile's measured throughput, as here.
         rate_per_s=rate, throughput_per_instance=p.throughput_per_s if setup.profiled else None,
         at_vertical_limit=at_limit, latency_target_s=model.slo_s,
-        idle_s=now - last, cold_start_s=setup.cold_start_s,
+        idle_s=max(0.0, now - last), cold_start_s=setup.cold_start_s,
         keep_alive_s=setup.keep_alive_s, memory_gb=model.memory_gb),
         fn.scaling, params if policy.keepalive == "histogram" else FIXED_KEEPALIVE, by_rate)
     for _ in range(max(0, decision.desired - current)):
