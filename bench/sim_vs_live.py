@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import shutil
 import statistics
 import sys
@@ -101,46 +102,14 @@ class Streamer:
     def finish(self, chunks):
         return {"text": "".join(c["text"] for c in chunks)}
 '''
-STREAM_SPEC = """name: {name}
-handler: handler:Streamer
-generates: text
-model:
-  step_s: {step}
-  per_stream_s: {per_stream}
-  load_s: {load}
-slo:
-  p99_ms: {slo_ms}
-resources:
-  memory: 256Mi
-  gpu: false
-  sm_request: 0.1
-  sm_limit: 0.2
-scaling:
-  min_instances: 0
-  max_instances: {max_instances}
-  keep_alive_s: {keep}
-batching:
-  max_batch_size: {batch}
-  max_wait_ms: 0
-"""
 SPEC = """name: {name}
-handler: handler:Sleeper
-model:
-  base_s: {base}
-  per_item_s: {per_item}
-  load_s: {load}
+handler: {handler}{generates}
+model: {model}
 slo:
   p99_ms: {slo_ms}
-resources:
-  memory: 256Mi
-  gpu: false
-scaling:
-  min_instances: 0
-  max_instances: {max_instances}
-  keep_alive_s: {keep}
-batching:
-  max_batch_size: {batch}
-  max_wait_ms: 0
+resources: {{memory: 256Mi, gpu: false{pinned}}}
+scaling: {{min_instances: 0, max_instances: {max_instances}, keep_alive_s: {keep}}}
+batching: {{max_batch_size: {batch}, max_wait_ms: 0}}
 """
 
 
@@ -186,17 +155,21 @@ def write_functions(folder: Path) -> list[Path]:
         source.mkdir(parents=True)
         (source / "handler.py").write_text(HANDLER)
         (source / "request.json").write_text("[0]")   # the sample profiling sends
-        (source / "model.yaml").write_text(SPEC.format(name=name, base=base, per_item=PER_ITEM_S,
-                                                       slo_ms=round(slo_s(base) * 1000), keep=KEEP_ALIVE_S, load=LOAD_S,
-                                                       max_instances=MAX_INSTANCES, batch=BATCH))
+        model = {"base_s": base, "per_item_s": PER_ITEM_S, "load_s": LOAD_S}
+        (source / "model.yaml").write_text(SPEC.format(name=name, handler="handler:Sleeper", generates="",
+                                                       model=json.dumps(model), slo_ms=round(slo_s(base) * 1000),
+                                                       pinned="", keep=KEEP_ALIVE_S, max_instances=MAX_INSTANCES,
+                                                       batch=BATCH))
         specs.append(source / "model.yaml")
     name, step, per_stream, _ = STREAM
     source = folder / name
     source.mkdir(parents=True)
     (source / "handler.py").write_text(STREAM_HANDLER)
-    (source / "model.yaml").write_text(STREAM_SPEC.format(name=name, step=step, per_stream=per_stream, load=LOAD_S,
-                                                          slo_ms=round(stream_slo_s() * 1000), keep=KEEP_ALIVE_S,
-                                                          max_instances=MAX_INSTANCES, batch=BATCH))
+    model = {"step_s": step, "per_stream_s": per_stream, "load_s": LOAD_S}
+    (source / "model.yaml").write_text(SPEC.format(name=name, handler="handler:Streamer", generates="\ngenerates: text",
+                                                   model=json.dumps(model), slo_ms=round(stream_slo_s() * 1000),
+                                                   pinned=", sm_request: 0.1, sm_limit: 0.2", keep=KEEP_ALIVE_S,
+                                                   max_instances=MAX_INSTANCES, batch=BATCH))
     specs.append(source / "model.yaml")
     return specs
 
