@@ -60,7 +60,7 @@ def test_a_profiled_batch_below_the_bound_says_why_and_a_queue_batches_to_the_bo
     assert reason in deployed.stdout and "batches of up to 16" in deployed.stdout, deployed.stdout
     assert reason in platform.cli("describe", "held-batches").stdout
     assert platform.function("held-batches")["profile"]["batch"] == 1
-    (instance,) = platform.instances("held-batches")
+    (instance,) = [i for i in platform.instances("held-batches") if i["role"] == "serve"]
 
     def queued() -> int:
         text = httpx.get(instance["endpoint"] + "/metrics", timeout=10).text
