@@ -239,8 +239,8 @@ def hybrid_growth_search(runner: TrialRunner, slo_s: float, *, max_batch: int = 
     look gets past the dips that real profiles have). Frontier points whose latency is close to
     the SLO are then tried one share step up (``polish`` of them, the most latency-bound
     first): there a little more compute can raise efficacy. A miss that would need more than
-    the whole device even if latency fell in proportion to the share ends the walk untried. Raises nothing; an SLO no
-    trial meets gives the whole device with ``meets_slo=False``.
+    the whole device even if latency fell in proportion to the share ends the walk untried.
+    Raises nothing; an SLO no trial meets gives the whole device with ``meets_slo=False``.
     """
     run = _Recorder(runner)
     shares = list(range(start_sm, 101, sm_step))

@@ -29,11 +29,11 @@ class ModelProfile:
     memory_gb: float
     bound: int = 32            # the spec's max_batch_size, which the profile's search stayed within
     generates: bool = False    # a text generator: each request streams tokens, one per batch step
-    target_concurrency: int | None = None   # the spec's scaling.target_concurrency
 
     def occupancy_target(self) -> int | None:
-        """In flight per instance before another is added, as ``FunctionSpec.occupancy_target``."""
-        return self.target_concurrency or (self.bound if self.generates else None)
+        """In flight per instance before another is added, as ``FunctionSpec.occupancy_target``
+        without a ``scaling.target_concurrency``: a generator's bound, else None."""
+        return self.bound if self.generates else None
 
     def latency(self, batch: int, share: float) -> float:
         """Seconds for one batch of ``batch`` (a measured batch size) at compute ``share``."""

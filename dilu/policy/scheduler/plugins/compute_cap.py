@@ -52,7 +52,9 @@ class ComputeCap:
         return within | ~snapshot.is_gpu
 
 
-def _args(args: dict, name: str, default: float, flags: tuple[str, ...] = ()) -> tuple[float, dict]:
+def parse_args(args: dict, name: str, default: float, flags: tuple[str, ...] = ()) -> tuple[float, dict]:
+    """A plugin's ``cap`` (in (0, 4], ``default`` when absent) and boolean ``flags``; ValueError
+    naming ``name`` for anything else."""
     unknown = set(args) - {"cap", *flags}
     if unknown:
         raise ValueError(f"{name}: unknown arguments {sorted(unknown)}")
@@ -66,10 +68,10 @@ def _args(args: dict, name: str, default: float, flags: tuple[str, ...] = ()) ->
 
 
 def requests_factory(args: dict) -> ComputeCap:
-    cap, _ = _args(args, NAME_REQUESTS, 1.0)
+    cap, _ = parse_args(args, NAME_REQUESTS, 1.0)
     return ComputeCap("request", cap)
 
 
 def limits_factory(args: dict) -> ComputeCap:
-    cap, flags = _args(args, NAME_LIMITS, 1.5, ("batch_yields",))
+    cap, flags = parse_args(args, NAME_LIMITS, 1.5, ("batch_yields",))
     return ComputeCap("limit", cap, **flags)

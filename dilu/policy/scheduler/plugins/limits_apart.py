@@ -11,13 +11,13 @@ from __future__ import annotations
 import numpy as np
 
 from dilu.policy.scheduler.framework import ClusterSnapshot, Device, PlacementRequest
+from dilu.policy.scheduler.plugins.compute_cap import EPSILON, fits, parse_args, totals
 
 NAME = "LimitsApart"
-EPSILON = 1e-9
 
 
 def score(request: PlacementRequest, device: Device, cap: float = 1.5) -> float:
-    return 100.0 if device.sm_limited + request.sm_limit <= cap + EPSILON else 0.0
+    return 100.0 if fits(request, device, of="limit", cap=cap) else 0.0
 
 
 class LimitsApart:
@@ -27,14 +27,10 @@ class LimitsApart:
         self.cap = cap
 
     def score(self, request: PlacementRequest, snapshot: ClusterSnapshot) -> np.ndarray:
-        return np.where(snapshot.sm_limited + request.sm_limit <= self.cap + EPSILON, 100.0, 0.0)
+        (total,) = totals(request, snapshot, of="limit")
+        return np.where(total <= self.cap + EPSILON, 100.0, 0.0)
 
 
 def factory(args: dict) -> LimitsApart:
-    unknown = set(args) - {"cap"}
-    if unknown:
-        raise ValueError(f"{NAME}: unknown arguments {sorted(unknown)}")
-    cap = float(args.get("cap", 1.5))
-    if not 0 < cap <= 4:
-        raise ValueError(f"{NAME}: cap must be in (0, 4], got {cap}")
+    cap, _ = parse_args(args, NAME, 1.5)
     return LimitsApart(cap)
