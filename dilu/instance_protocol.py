@@ -122,6 +122,48 @@ class InstanceEnvironment:
 
 
 STREAM_TYPES = {"sse": "text/event-stream", "ndjson": "application/x-ndjson"}
+FRAME_ENDS = {"sse": b"\n\n", "ndjson": b"\n"}     # what ends one event or line of each kind
+SSE_DONE = b"data: [DONE]\n\n"
+SSE_ERROR = b"event: error\n"
+
+
+def stream_done(kind: str, chunks: int) -> bytes:
+    """A finished stream's last frame: ``data: [DONE]`` or the line ``{"done": true, "chunks": N}``."""
+    return SSE_DONE if kind == "sse" else b'{"done": true, "chunks": %d}\n' % chunks
+
+
+def stream_error(kind: str, message: str, status: int) -> bytes:
+    """A failed stream's last frame: ``event: error`` with ``data: {"error", "status"}``, or that
+    object as the last line."""
+    failure = json.dumps({"error": message, "status": status})
+    return f"event: error\ndata: {failure}\n\n".encode() if kind == "sse" else f"{failure}\n".encode()
+
+
+def ends_stream(kind: str, frame: bytes) -> bool:
+    """Whether ``frame`` (one event or line, with its end) is a stream's terminator."""
+    if kind == "sse":
+        return frame == SSE_DONE or frame.startswith(SSE_ERROR)
+    return stream_ending(frame) is not None
+
+
+def stream_ending(line: bytes | Any) -> str | None:
+    """``"done"`` or ``"error"`` for a JSON-lines terminator (the line, or the object decoded
+    from it), None for a chunk. Only these exact shapes are terminators."""
+    document = line
+    if isinstance(line, bytes):
+        if not line.startswith(b'{"'):
+            return None
+        try:
+            document = json.loads(line)
+        except ValueError:
+            return None
+    if not isinstance(document, dict):
+        return None
+    if document.keys() == {"done", "chunks"} and document["done"] is True:
+        return "done"
+    if document.keys() == {"error", "status"}:
+        return "error"
+    return None
 
 
 def stream_kind(accept: str | None) -> str | None:

@@ -11,3 +11,6 @@ STREAM_FIRST = Histogram("dilu_gateway_stream_first_chunk_seconds",
                          buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60))
 STREAM_GAP = Histogram("dilu_gateway_stream_chunk_gap_seconds", "Time between a stream's chunks", ["function"],
                        buckets=(.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5))
+STREAMS_CUT = Counter("dilu_gateway_streams_cut_total", "Streams the gateway ended with an error frame because "
+                      "the instance did not finish them (reason: failed, silent, limit, unterminated)",
+                      ["function", "reason"])

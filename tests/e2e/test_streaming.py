@@ -37,7 +37,7 @@ def test_chunks_stream_as_events_or_lines_and_a_plain_request_gets_the_whole_ans
     assert events == ['data: {"n": 1}', 'data: {"n": 2}', 'data: {"n": 3}', "data: [DONE]"]
     with httpx.stream("POST", url, json={"to": 2}, headers={"accept": "application/x-ndjson"}, timeout=30) as reply:
         lines = [json.loads(line) for line in reply.iter_lines() if line]
-    assert lines == [{"n": 1}, {"n": 2}]
+    assert lines == [{"n": 1}, {"n": 2}, {"done": True, "chunks": 2}]
     plain = httpx.post(url, json={"to": 4}, timeout=30)
     assert plain.status_code == 200 and plain.json() == {"counted": [1, 2, 3, 4]}
     # Refused before its first chunk: a plain error, not a stream.
@@ -58,7 +58,7 @@ def test_a_stream_that_keeps_producing_outlives_the_request_timeout(counter) -> 
     with httpx.stream("POST", _invoke_url(counter, "counter"), json={"to": 30, "step_s": 0.1},
                       headers={"accept": "application/x-ndjson"}, timeout=30) as reply:
         lines = [json.loads(line) for line in reply.iter_lines() if line]
-    assert [line["n"] for line in lines] == list(range(1, 31))
+    assert [line["n"] for line in lines[:-1]] == list(range(1, 31)) and lines[-1] == {"done": True, "chunks": 30}
 
 
 def test_a_caller_who_leaves_frees_the_batch_for_the_next(counter) -> None:
@@ -79,11 +79,13 @@ def test_a_functions_own_stream_limit_ends_its_streams(counter) -> None:
     text = spec_file.read_text().replace("name: counter", "name: brief") + "max_stream_s: 0.5\n"
     assert counter.deploy_file(spec_file, text).status_code == 201
     counter.wait_ready("brief")
-    # 30 steps of 0.1 s: the stream is ended at 0.5 s, without its closing event.
+    # 30 steps of 0.1 s: the stream is ended at 0.5 s, with an error event that says so.
     with httpx.stream("POST", _invoke_url(counter, "brief"), json={"to": 30, "step_s": 0.1},
                       headers={"accept": "text/event-stream"}, timeout=30) as reply:
         events = [line for line in reply.iter_lines() if line]
-    assert 0 < len(events) < 30 and events[-1] != "data: [DONE]"
+    assert 0 < len(events) < 30 and events[-2] == "event: error", events
+    assert json.loads(events[-1].removeprefix("data: ")) == {
+        "error": "stream cut: the stream ran past its limit of 0.5 s", "status": 504}
     refused = counter.deploy_file(spec_file, text.replace("max_stream_s: 0.5", "max_stream_s: -1"))
     assert refused.status_code == 422 and "max_stream_s" in refused.json()["error"]
 
@@ -107,7 +109,7 @@ def test_an_update_lets_the_old_instance_finish_its_stream(start_platform) -> No
         eventually(lambda: any(i["id"] == old and i["state"] == "stopping" for i in platform.instances("counter")),
                    timeout=30, what="the old instance stopping")
         rest = [json.loads(line) for line in lines if line]
-    assert [chunk["n"] for chunk in rest] == list(range(2, 61))
+    assert [chunk["n"] for chunk in rest[:-1]] == list(range(2, 61)) and rest[-1] == {"done": True, "chunks": 60}
     eventually(lambda: all(i["id"] != old or i["state"] == "stopped" for i in platform.instances("counter")),
                timeout=30, what="the old instance gone once its stream ended")
 

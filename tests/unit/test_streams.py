@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from dilu import InputError, Last
-from dilu.instance_protocol import stream_kind
+from dilu.instance_protocol import stream_ending, stream_kind
 from worker.instance.batcher import BatchError
 from worker.instance.streams import StreamRunner, stream_body, whole_answer
 
@@ -105,12 +105,15 @@ async def test_a_refused_or_broken_start_fails_its_request_only() -> None:
 
 async def test_a_plain_request_gets_the_whole_answer_and_a_stream_its_events() -> None:
     handler = Counter()
-    for _ in range(4):
+    for _ in range(6):
         handler.gate.release()
     async with _running(handler, 4) as runner:
         assert await whole_answer(handler, runner.submit({"name": "a", "n": 2})) == {"counted": [1, 2]}
         events = [piece async for piece in stream_body(runner.submit({"name": "b", "n": 2}), "sse")]
         assert events == [b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n"]
+        lines = [piece async for piece in stream_body(runner.submit({"name": "c", "n": 2}), "ndjson")]
+        assert lines == [b"1\n", b"2\n", b'{"done": true, "chunks": 2}\n']
+        assert stream_ending(lines[-1]) == "done" and stream_ending(lines[0]) is None
     assert stream_kind("text/event-stream") == "sse" and stream_kind("application/x-ndjson") == "ndjson"
     assert stream_kind("application/json") is None and stream_kind(None) is None
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dilu.handler import InputError, Last
+from dilu.instance_protocol import stream_done, stream_error
 from worker.instance.batcher import BatchError, as_error
 
 _END = object()
@@ -223,18 +224,18 @@ def _encode(kind: str, document: Any) -> bytes:
 
 
 async def stream_body(stream: Stream, kind: str) -> AsyncIterator[bytes]:
-    """The chunks as server-sent events (``data: <json>``, then ``data: [DONE]``) or JSON lines;
-    a failure mid-stream is a last event (``event: error``) or line holding ``{"error", "status"}``."""
+    """The chunks as server-sent events (``data: <json>``) or JSON lines, then the stream's
+    terminator (``dilu.instance_protocol.stream_done``): a finished stream's, or a failure's
+    ``{"error", "status"}`` (``event: error`` in server-sent events)."""
+    sent = 0
     try:
         async for chunk in stream.chunks():
             try:
                 yield _encode(kind, chunk)
             except (TypeError, ValueError) as exc:
                 raise BatchError(f"a chunk is not JSON-serialisable: {exc}") from None
+            sent += 1
     except BatchError as exc:
-        failure = {"error": str(exc), "status": exc.status}
-        yield (f"event: error\ndata: {json.dumps(failure)}\n\n".encode() if kind == "sse"
-               else f"{json.dumps(failure)}\n".encode())
+        yield stream_error(kind, str(exc), exc.status)
         return
-    if kind == "sse":
-        yield b"data: [DONE]\n\n"
+    yield stream_done(kind, sent)
