@@ -118,10 +118,11 @@ class InstanceStatus(_Wire):
 
 @dataclass(frozen=True)
 class Endpoint(_Wire):
-    """A ready instance the gateway may route to."""
+    """A ready instance the gateway may route to, and the worker it runs on."""
 
     instance_id: str
     url: str
+    worker_id: str = ""
 
 
 @dataclass(frozen=True)

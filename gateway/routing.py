@@ -27,22 +27,34 @@ class _FunctionRoutes:
     failure: str | None = None  # set while the function cannot start; waiters give up at once
 
 
+SUSPECT_S = 5.0    # a worker whose instance just failed is avoided this long (a lost worker's TTL)
+
+
 def choose_least_outstanding(endpoints: list[Endpoint], outstanding: dict[str, int],
-                             exclude: frozenset[str] = frozenset()) -> Endpoint | None:
-    """The endpoint with the fewest requests in flight (first listed wins ties)."""
-    best, best_load = None, None
+                             exclude: frozenset[str] = frozenset(),
+                             avoid: frozenset[str] = frozenset()) -> Endpoint | None:
+    """The endpoint with the fewest requests in flight (first listed wins ties), leaving out the
+    instances in ``exclude``; one on a worker in ``avoid`` only when no other is left."""
+    best, best_key = None, None
     for endpoint in endpoints:
         if endpoint.instance_id in exclude:
             continue
-        load = outstanding.get(endpoint.instance_id, 0)
-        if best_load is None or load < best_load:
-            best, best_load = endpoint, load
+        key = (endpoint.worker_id in avoid, outstanding.get(endpoint.instance_id, 0))
+        if best_key is None or key < best_key:
+            best, best_key = endpoint, key
     return best
 
 
+def suspects_at(suspected: dict[str, float], now: float) -> frozenset[str]:
+    """The workers still suspected at ``now`` (each maps to when its suspicion ends)."""
+    return frozenset(worker for worker, until in suspected.items() if until > now)
+
+
 class RoutingTable:
-    def __init__(self, queue_size: int) -> None:
+    def __init__(self, queue_size: int, clock: Callable[[], float] | None = None) -> None:
         self._queue_size = queue_size
+        self._clock = clock
+        self._suspected: dict[str, float] = {}    # worker id -> when its suspicion ends
         self._functions: dict[str, _FunctionRoutes] = {}
         self._touched: set[str] = set()   # functions with a request routed or queued since ``busy()``
         self._busy: set[str] = set()
@@ -73,6 +85,20 @@ class RoutingTable:
         entry = self._entry(function)
         entry.endpoints = [e for e in entry.endpoints if e.instance_id != instance_id]
 
+    def suspect(self, worker_id: str) -> None:
+        """An instance on ``worker_id`` just failed: for ``SUSPECT_S`` its other instances are
+        chosen only when no instance elsewhere is ready (the worker itself may be gone)."""
+        if worker_id:
+            now = self._now()
+            self._suspected = {w: t for w, t in self._suspected.items() if t > now}
+            self._suspected[worker_id] = now + SUSPECT_S
+
+    def _now(self) -> float:
+        return self._clock() if self._clock is not None else asyncio.get_running_loop().time()
+
+    def _avoid(self, avoid: frozenset[str]) -> frozenset[str]:
+        return avoid | suspects_at(self._suspected, self._now()) if self._suspected else avoid
+
     def set_failure(self, function: str, failure: str | None) -> None:
         entry = self._entry(function)
         entry.failure = failure
@@ -95,19 +121,23 @@ class RoutingTable:
         entry = self._functions.get(function)
         return sum(entry.outstanding.values()) if entry else 0
 
-    def pick(self, function: str, exclude: frozenset[str] = frozenset()) -> Endpoint | None:
+    def pick(self, function: str, exclude: frozenset[str] = frozenset(),
+             avoid: frozenset[str] = frozenset()) -> Endpoint | None:
         entry = self._entry(function)
-        return choose_least_outstanding(entry.endpoints, entry.outstanding, exclude)
+        return choose_least_outstanding(entry.endpoints, entry.outstanding, exclude, self._avoid(avoid))
 
     async def wait_for_endpoint(self, function: str, timeout_s: float,
                                 exclude: frozenset[str] = frozenset(),
-                                on_queued: Callable[[], Awaitable[None]] | None = None) -> Endpoint:
-        """Returns an endpoint, waiting in the bounded queue if none is ready.
+                                on_queued: Callable[[], Awaitable[None]] | None = None,
+                                avoid: frozenset[str] = frozenset()) -> Endpoint:
+        """Returns an endpoint, waiting in the bounded queue if none is ready; not one of the
+        instances in ``exclude``, nor one on a worker in ``avoid`` or suspected while another
+        is ready.
 
         Raises QueueFull when the queue is at its bound, NoInstance on the deadline or when the
         function cannot start.
         """
-        endpoint = self.pick(function, exclude)
+        endpoint = self.pick(function, exclude, avoid)
         if endpoint is not None:
             return endpoint
         entry = self._entry(function)
@@ -123,7 +153,7 @@ class RoutingTable:
             if on_queued is not None:
                 await on_queued()
             while True:
-                endpoint = choose_least_outstanding(entry.endpoints, entry.outstanding, exclude)
+                endpoint = choose_least_outstanding(entry.endpoints, entry.outstanding, exclude, self._avoid(avoid))
                 if endpoint is not None:
                     return endpoint
                 if entry.failure:

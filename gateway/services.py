@@ -257,7 +257,7 @@ class GatewayServices:
         routes: dict[str, list[Endpoint]] = {}
         for row in rows:
             if row.state == READY and row.endpoint and row.role == InstanceRole.SERVE:
-                routes.setdefault(row.function, []).append(Endpoint(row.id, row.endpoint))
+                routes.setdefault(row.function, []).append(Endpoint(row.id, row.endpoint, row.worker_id))
         return routes
 
     async def flush_activity(self) -> None:

@@ -178,7 +178,7 @@ class Reconciler:
             if not updates or updates["state"] != READY:
                 return
             await self.ctx.db(repo.update_instance, instance_id=row.id, **updates)
-            await self.ctx.route(row.function, row.id, Endpoint(row.id, status.endpoint))
+            await self.ctx.route(row.function, row.id, Endpoint(row.id, status.endpoint, row.worker_id))
         await self._ready(row, status)
 
     async def reconcile_once(self) -> None:
@@ -399,7 +399,7 @@ class Reconciler:
         routes: dict[str, list[Endpoint]] = {}
         for row in snapshot.instances:
             if row.state == READY and row.endpoint and row.role == InstanceRole.SERVE:
-                routes.setdefault(row.function, []).append(Endpoint(row.id, row.endpoint))
+                routes.setdefault(row.function, []).append(Endpoint(row.id, row.endpoint, row.worker_id))
         stored = {name: sorted(eps, key=lambda e: e.instance_id) for name,
                   eps in (await self._store.get_routes()).items()}
         for name in set(routes) | set(stored):

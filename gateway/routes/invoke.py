@@ -154,6 +154,7 @@ async def _invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
     services.activity.started(name, direct=not from_workflow)
     routing = services.routing
     tried: frozenset[str] = frozenset()
+    failed_workers: frozenset[str] = frozenset()    # a retry goes elsewhere while it can
     retried = False
     queued_at: list[float] = []  # set when the request had to wait for an instance (a cold start)
 
@@ -165,7 +166,7 @@ async def _invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
     while True:
         try:
             endpoint = await routing.wait_for_endpoint(
-                name, settings.queue_timeout_s, exclude=tried, on_queued=on_queued)
+                name, settings.queue_timeout_s, exclude=tried, on_queued=on_queued, avoid=failed_workers)
             if len(queued_at) == 1:
                 queued_at.append(time.perf_counter())
         except QueueFull as exc:
@@ -185,13 +186,16 @@ async def _invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
         except NotDelivered:
             # Nothing reached the instance, so trying elsewhere is always safe.
             routing.drop_endpoint(name, endpoint.instance_id)
-            tried = tried | {endpoint.instance_id}
+            routing.suspect(endpoint.worker_id)
+            tried, failed_workers = tried | {endpoint.instance_id}, failed_workers | {endpoint.worker_id}
             continue
         except InstanceTimeout:
             return _error(504, f"instance {endpoint.instance_id} did not answer within "
                                f"{settings.request_timeout_s:g}s")
         except InstanceFailed as exc:
             routing.drop_endpoint(name, endpoint.instance_id)
+            routing.suspect(endpoint.worker_id)
+            failed_workers = failed_workers | {endpoint.worker_id}
             if retried:
                 return _error(502, f"instance {endpoint.instance_id} failed while serving the request, after "
                                    f"a retry: {exc}", headers={"x-dilu-retried": "1"})

@@ -88,3 +88,26 @@ async def test_dropped_endpoint_is_not_chosen_until_refreshed() -> None:
     assert table.pick("f") == B
     table.replace_all({"f": [A, B]})
     assert table.endpoints("f") == [A, B]
+
+
+ON_W1, ALSO_W1, ON_W2 = (Endpoint("a", "http://a", "w1"), Endpoint("b", "http://b", "w1"),
+                         Endpoint("c", "http://c", "w2"))
+
+
+def test_an_instance_on_an_avoided_worker_is_chosen_only_when_nothing_else_is_left() -> None:
+    # The idler instance is on the worker that just failed: the busier one elsewhere is chosen.
+    assert choose_least_outstanding([ALSO_W1, ON_W2], {"c": 7}, frozenset({"a"}), frozenset({"w1"})) == ON_W2
+    assert choose_least_outstanding([ALSO_W1], {}, frozenset({"a"}), frozenset({"w1"})) == ALSO_W1
+
+
+async def test_a_suspected_worker_is_avoided_by_every_request_until_its_suspicion_ends() -> None:
+    now = [100.0]
+    table = RoutingTable(queue_size=4, clock=lambda: now[0])
+    table.set_endpoints("f", [ON_W1, ALSO_W1, ON_W2])
+    table.acquire("f", "c")
+    assert table.pick("f") == ON_W1         # the least outstanding
+    table.suspect("w1")
+    assert table.pick("f") == ON_W2 and table.pick("f", exclude=frozenset({"c"})) == ON_W1
+    assert (await table.wait_for_endpoint("f", 1.0)) == ON_W2
+    now[0] += 5.0                            # SUSPECT_S later
+    assert table.pick("f") == ON_W1

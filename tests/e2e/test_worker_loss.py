@@ -1,0 +1,100 @@
+"""A worker's death loses no request while a healthy worker elsewhere serves the function: a
+request whose instance fails is retried on another worker, not on the dead worker's other
+instance (separate roles sharing PostgreSQL and Redis, two workers)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+from tests.conftest import FIXTURE_FUNCTIONS, REDIS_URL
+from tests.e2e.test_separate_roles import _free_port
+from tests.platform import dilu_executable, start_role
+from tests.waiting import eventually
+
+REQUESTS, CLIENTS = 240, 6
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and every process below it."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        found.append(todo.pop())
+        todo += children.get(found[-1], [])
+    return found
+
+
+def test_a_worker_killed_with_two_instances_loses_no_request(tmp_path: Path, postgres_url: str,
+                                                             redis_prefix: str) -> None:
+    env = {"DILU_DATABASE_URL": postgres_url, "DILU_REDIS_URL": REDIS_URL, "DILU_REDIS_PREFIX": redis_prefix,
+           "DILU_HOME": str(tmp_path / "home"), "DILU_PROFILING": "false"}
+    migrated = subprocess.run([dilu_executable(), "migrate"], env={**os.environ, **env}, capture_output=True,
+                              text=True, timeout=120)
+    assert migrated.returncode == 0, migrated.stderr
+    roles = []
+    http = None
+    try:
+        workers = {}
+        for name in ("first", "second"):
+            workers[f"{name}-cpu"] = start_role(["worker"], {**env, "DILU_PORT": str(_free_port()),
+                                                             "DILU_WORKER_NAME": name}, tmp_path / f"{name}.log")
+            roles.append(workers[f"{name}-cpu"])
+        roles.append(start_role(["controller"], env, tmp_path / "controller.log", wait_for_url=False))
+        gateway = start_role(["gateway"], {**env, "DILU_PORT": "0"}, tmp_path / "gateway.log")
+        roles.append(gateway)
+        http = httpx.Client(base_url=gateway.url, timeout=60)
+        registered = eventually(lambda: len(status := http.get("/v1/status").json()["workers"]) == 2 and status,
+                                timeout=60, what="both workers to register")
+        # Memory for two instances per worker, not three: three instances are placed 2 + 1.
+        memory_mib = min(w["memory_bytes"] for w in registered) * 2 // 5 // 2**20
+        source = shutil.copytree(FIXTURE_FUNCTIONS / "step", tmp_path / "three")
+        text = (source / "model.yaml").read_text().replace("name: step", "name: three")
+        text = text.replace("memory: 128Mi", f"memory: {memory_mib}Mi")
+        text = text.replace("min_instances: 0, max_instances: 1", "min_instances: 3, max_instances: 3")
+        (source / "model.yaml").write_text(text + "model: {op: add, sleep_s: 0.05}\n")
+        deployed = subprocess.run([dilu_executable(), "deploy", str(source / "model.yaml")], capture_output=True,
+                                  env={**os.environ, **env, "DILU_URL": gateway.url}, text=True, timeout=180)
+        assert deployed.returncode == 0, deployed.stderr
+
+        def ready() -> list[dict]:
+            return [i for i in http.get("/v1/functions/three/instances").json() if i["state"] == "ready"]
+
+        placed = eventually(lambda: len(found := ready()) == 3 and found, timeout=120, what="three instances")
+        doubled = max(workers, key=lambda w: sum(i["worker_id"] == w for i in placed))
+        assert sum(i["worker_id"] == doubled for i in placed) == 2, placed
+
+        sent = threading.Semaphore(0)
+
+        def call(number: int) -> int:
+            sent.release()
+            return http.post("/v1/functions/three/invoke", json={"x": number}).status_code
+
+        with ThreadPoolExecutor(CLIENTS) as pool:
+            answers = [pool.submit(call, number) for number in range(REQUESTS)]
+            for _ in range(REQUESTS // 3):
+                sent.acquire()
+            for pid in _tree(workers[doubled].process.pid):     # the host is gone: the worker and its instances
+                os.kill(pid, signal.SIGKILL)
+            codes = [answer.result(timeout=120) for answer in answers]
+        lost = {code: codes.count(code) for code in set(codes) if code != 200}
+        assert not lost, f"{sum(lost.values())} of {REQUESTS} requests failed: {lost}"
+    finally:
+        if http is not None:
+            http.close()
+        for role in roles:
+            role.stop()
