@@ -40,4 +40,10 @@ def _error_text(response: httpx.Response) -> str:
         message = body.get("error") if isinstance(body, dict) else None
     except ValueError:
         message = None
-    return message or f"HTTP {response.status_code}: {response.text[:500]}"
+    # A reply to HEAD has no body: the gateway repeats its message in a header.
+    message = message or response.headers.get("x-dilu-error")
+    if message:
+        return message
+    reason = response.reason_phrase or "error"
+    return f"{response.request.method} {response.request.url.path}: HTTP {response.status_code} {reason}" + (
+        f": {response.text[:500]}" if response.text.strip() else "")

@@ -31,8 +31,17 @@ def outage(exc: BaseException) -> str | None:
     return None
 
 
+ERROR_HEADER = "x-dilu-error"     # the error's message again, for a reply without a body (HEAD)
+
+
+def error_header(message: str) -> str:
+    """``message`` as one header value: printable ASCII (others escaped), at most 300 characters."""
+    return message.encode("ascii", "backslashreplace").decode()[:300].replace("\r", " ").replace("\n", " ")
+
+
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
+    return JSONResponse({"error": message}, status_code=status,
+                        headers={**(headers or {}), ERROR_HEADER: error_header(message)})
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -122,7 +131,8 @@ class KeepsConnections:
             if not started:
                 message = down or f"internal error in the gateway ({type(exc).__name__}); it is logged"
                 body = json.dumps({"error": message}).encode()
-                headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+                headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                           (ERROR_HEADER.encode(), error_header(message).encode())]
                 if down:
                     headers.append((b"retry-after", RETRY_AFTER_S.encode()))
                 await send({"type": "http.response.start", "status": 503 if down else 500, "headers": headers})

@@ -100,6 +100,11 @@ def test_postgresql_down_answers_503_with_a_json_error(start_platform, postgres_
             assert reply.status_code == 503, (reply.request.url, reply.status_code, reply.text)
             assert reply.headers["content-type"] == "application/json" and reply.headers["retry-after"]
             assert "database cannot answer" in reply.json()["error"]
+        # The CLI's first call is a HEAD (is the bundle there?): its 503 has no body, yet the
+        # user reads the reason.
+        deployed = platform.cli("deploy", str(FIXTURE_FUNCTIONS / "ok" / "model.yaml"))
+        assert deployed.returncode == 1 and "database cannot answer" in deployed.stderr, deployed.stderr
+        assert "Traceback" not in deployed.stderr
         proxy.restore()
         eventually(lambda: platform.http.get("/v1/functions").status_code == 200, timeout=30,
                    what="the gateway to reach the database again")

@@ -36,3 +36,11 @@ async def test_an_escaping_error_is_answered_not_raised(error: Exception, status
     assert start["status"] == status and (b"content-type", b"application/json") in start["headers"]
     assert words in json.loads(body["body"])["error"]
     assert ((b"retry-after", b"5") in start["headers"]) is (status == 503)
+    repeated = dict(start["headers"])[b"x-dilu-error"].decode()       # for a HEAD, which has no body
+    assert words in repeated and repeated == json.loads(body["body"])["error"]
+
+
+def test_the_error_header_is_one_printable_line() -> None:
+    from gateway.errors import error_header
+
+    assert error_header("bad\r\nline ünï " + "x" * 400) == ("bad  line \\xfcn\\xef " + "x" * 400)[:300]
