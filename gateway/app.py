@@ -9,6 +9,7 @@ from fastapi import FastAPI
 
 from dilu.workflows.loading import WorkflowLoader
 from gateway import openai_api
+from gateway.abandon import LeavesWithCaller
 from gateway.auth import AuthGate
 from gateway.errors import KeepsConnections, errors_in_openapi, install_error_handlers
 from gateway.fast_path import FastPaths
@@ -57,10 +58,11 @@ def create_app(build_services: Callable[[], Awaitable[GatewayServices]],
 def create_asgi(build_services: Callable[[], Awaitable[GatewayServices]],
                 release: Callable[[GatewayServices], Awaitable[None]] | None = None) -> KeepsConnections:
     """The app to serve: the FastAPI app behind the fast path of the hot routes, both behind the
-    key check, all behind the last answer to an unexpected error."""
+    end of invocations whose caller left, the key check, and the last answer to an unexpected
+    error."""
     app = create_app(build_services, release)
     def services() -> GatewayServices:
         return app.state.services
 
     limited = BodyLimits(app, lambda: services().settings)
-    return KeepsConnections(AuthGate(FastPaths(limited, services), services), services)
+    return KeepsConnections(AuthGate(LeavesWithCaller(FastPaths(limited, services)), services), services)

@@ -14,3 +14,5 @@ STREAM_GAP = Histogram("dilu_gateway_stream_chunk_gap_seconds", "Time between a 
 STREAMS_CUT = Counter("dilu_gateway_streams_cut_total", "Streams the gateway ended with an error frame because "
                       "the instance did not finish them (reason: failed, silent, limit, unterminated)",
                       ["function", "reason"])
+ABANDONED = Counter("dilu_gateway_requests_abandoned_total", "Invocations stopped because their caller left "
+                    "(stage: queued, waiting for an instance; in_flight, at the instance)", ["function", "stage"])

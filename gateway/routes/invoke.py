@@ -7,6 +7,7 @@ dependency machinery (which cost more CPU per request than the forwarding itself
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -22,7 +23,7 @@ from dilu.messages import FunctionStatus
 from dilu.spec import retries_after_failure
 from gateway.docs import AUTH_ERRORS, SECURED, ErrorBody, errors
 from gateway.forward import InstanceFailed, InstanceTimeout, NotDelivered, Reply
-from gateway.metrics import LATENCY, REQUESTS
+from gateway.metrics import ABANDONED, LATENCY, REQUESTS
 from gateway.routing import NoInstance, QueueFull
 from gateway.services import FunctionEntry, GatewayServices
 from gateway.streams import Relay
@@ -171,6 +172,9 @@ async def _invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
                 queued_at.append(time.perf_counter())
         except QueueFull as exc:
             return _error(429, str(exc), headers={"retry-after": "1"})
+        except asyncio.CancelledError:
+            ABANDONED.labels(name, "queued").inc()      # its caller left (gateway.abandon)
+            raise
         except NoInstance as exc:
             entry = services.functions.get(name)
             return _error(503 if entry is None or entry.status == FunctionStatus.FAILED else 504, str(exc))
@@ -183,6 +187,9 @@ async def _invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
             else:
                 reply = await services.forwarder.post(endpoint.url + "/infer", body, settings.request_timeout_s,
                                                       content_type, tensors)
+        except asyncio.CancelledError:
+            ABANDONED.labels(name, "in_flight").inc()   # the connection's close tells the instance
+            raise
         except NotDelivered:
             # Nothing reached the instance, so trying elsewhere is always safe.
             routing.drop_endpoint(name, endpoint.instance_id)

@@ -136,3 +136,18 @@ async def test_a_returned_input_error_rejects_only_that_input() -> None:
     assert [r.output for r in results[::2]] == [0, 2]
     assert all(isinstance(r, BatchError) and r.status == 422 for r in results[1::2])
     assert results[0].batch_size == 4, "the good inputs were served in one batch, not re-run"
+
+
+async def test_an_input_whose_caller_left_is_dropped_before_its_batch_runs() -> None:
+    model = GatedModel()
+    batcher = Batcher(model.predict, max_batch_size=4, max_wait_s=0.0)
+    runner = asyncio.create_task(batcher.run())
+    first = asyncio.create_task(batcher.submit(1))
+    await asyncio.to_thread(model.entered.wait, 10)
+    left, stays = asyncio.create_task(batcher.submit(2)), asyncio.create_task(batcher.submit(3))
+    await asyncio.sleep(0)  # let the submissions enqueue
+    left.cancel()
+    model.gate.set()
+    assert (await first).output == 2 and (await stays).output == 6
+    runner.cancel()
+    assert model.sizes == [1, 1] and batcher.abandoned == 1

@@ -62,6 +62,7 @@ class Batcher:
         self._wait = max_wait_s
         self._executor = executor
         self._queue: asyncio.Queue[tuple[Any, asyncio.Future, float]] = asyncio.Queue()
+        self.abandoned = 0      # inputs dropped before their batch ran: their callers had left
 
     def queued(self) -> int:
         """Inputs waiting for a batch (not counting the one running)."""
@@ -73,7 +74,8 @@ class Batcher:
         return await future
 
     async def run(self) -> None:
-        """Serves batches until cancelled."""
+        """Serves batches until cancelled. An input whose caller left (its ``submit`` was
+        cancelled) before its batch ran is dropped, not computed."""
         loop = asyncio.get_running_loop()
         while True:
             batch = [await self._queue.get()]
@@ -91,7 +93,10 @@ class Batcher:
                     batch.append(await asyncio.wait_for(self._queue.get(), left))
                 except TimeoutError:
                     break
-            await self._run_batch(loop, batch)
+            live = [entry for entry in batch if not entry[1].done()]
+            self.abandoned += len(batch) - len(live)
+            if live:
+                await self._run_batch(loop, live)
 
     async def _run_batch(self, loop: asyncio.AbstractEventLoop,
                          batch: list[tuple[Any, asyncio.Future, float]]) -> None:

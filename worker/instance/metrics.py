@@ -18,10 +18,13 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 class InstanceMetrics:
     """``observe(latency_s, batch_size)`` from the event loop; ``render()`` for ``/metrics``;
-    ``queued`` (set once the handler is loaded) counts the requests waiting for a batch slot."""
+    ``queued`` (set once the handler is loaded) counts the requests waiting for a batch slot,
+    ``abandoned`` those stopped because their caller left."""
 
     def __init__(self, buffer: int = 10_000) -> None:
         self.queued: Callable[[], int] = lambda: 0
+        self.abandoned = 0      # requests whose caller left before their answer (counted on the event loop)
+        self.dropped: Callable[[], int] = lambda: 0     # of those, inputs dropped before their batch ran
         self._lock = threading.Lock()
         self._pending: deque[tuple[float, int]] = deque(maxlen=buffer)
         self._built: tuple[Any, Any, Any] | None = None  # (registry, latency, batch sizes)
@@ -59,6 +62,10 @@ class InstanceMetrics:
                               registry=registry, buckets=BATCH_BUCKETS)
             Gauge("dilu_instance_queued_requests", "Requests waiting in the instance for a batch slot",
                   registry=registry).set_function(lambda: self.queued())
+            Gauge("dilu_instance_abandoned_requests", "Requests stopped because their caller left (total)",
+                  registry=registry).set_function(lambda: self.abandoned)
+            Gauge("dilu_instance_dropped_inputs", "Inputs of abandoned requests dropped before their batch ran (total)",
+                  registry=registry).set_function(lambda: self.dropped())
             for latency_s, batch_size in self._pending:
                 latency.observe(latency_s)
                 sizes.observe(batch_size)

@@ -25,11 +25,11 @@ import threading
 import time
 import traceback
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -102,11 +102,15 @@ def create_app(state: RuntimeState, lifespan: Callable[[Starlette], AbstractAsyn
         try:
             with state.gpu_requests.serving():
                 if state.streams is not None:
-                    result = await _whole(state, state.streams.submit(payload))
+                    stream = state.streams.submit(payload)
+                    result = await _unless_caller_leaves(request, _whole(state, stream), stream.cancel)
                 else:
-                    result = await state.batcher.submit(payload)
+                    result = await _unless_caller_leaves(request, state.batcher.submit(payload))
         except BatchError as exc:
             return _error(exc.status, f"invalid input: {exc}" if exc.status < 500 else f"handler error: {exc}")
+        except CallerLeft:
+            state.metrics.abandoned += 1
+            return Response(status_code=499)     # nobody reads it: the connection is gone
         try:   # NaN and infinities are not JSON: a client's parser would refuse the answer
             content, media_type, extra = state.codec.write(result.output, framed)
         except (TypeError, ValueError) as exc:
@@ -138,6 +142,39 @@ def create_app(state: RuntimeState, lifespan: Callable[[Starlette], AbstractAsyn
         Route("/progress", progress, methods=["GET"]),
     ]
     return Starlette(lifespan=lifespan, routes=[Mount(prefix, routes=routes)] if prefix else routes)
+
+
+T = TypeVar("T")
+
+
+class CallerLeft(Exception):
+    """The gateway closed the request's connection before its answer."""
+
+
+async def _unless_caller_leaves(request: Request, work: Awaitable[T], on_leave: Callable[[], None] | None = None) -> T:
+    """``work``'s result, unless the request's connection closes first: then ``work`` is
+    cancelled (a batcher's input not yet in a batch is dropped, ``on_leave`` ends a generation at
+    its next step) and CallerLeft is raised."""
+    working = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait((working, gone), return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        working.cancel()
+        raise
+    finally:
+        gone.cancel()
+    if working.done():
+        return working.result()
+    working.cancel()
+    if on_leave is not None:
+        on_leave()
+    raise CallerLeft()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _streamed(state: RuntimeState, stream: Stream, kind: str) -> Response:
@@ -221,6 +258,9 @@ async def _load_then_serve_batches(state: RuntimeState) -> None:
                                 max_wait_s=config.max_wait_ms / 1000.0, executor=executor,
                                 preferred_batch_size=config.preferred_batch_size)
     state.metrics.queued = (state.streams or state.batcher).queued
+    if state.batcher is not None:
+        batcher = state.batcher
+        state.metrics.dropped = lambda: batcher.abandoned
     state.marks["ready"] = time.time()
     state.ready.set()
     state.metrics.build_in_background()

@@ -1,0 +1,100 @@
+"""Work whose caller left stops: a request queued for a cold start leaves the queue, one queued
+at its instance leaves before its batch runs, and a generation answered as a whole stops, once
+the client closes its connection."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import socket
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+
+from tests.conftest import FIXTURE_FUNCTIONS
+from tests.waiting import eventually
+
+
+def _send(platform, path: str, body: dict) -> socket.socket:
+    """A request sent on a connection of its own, whose answer nobody reads; close it to leave."""
+    address = urlsplit(platform.url)
+    connection = socket.create_connection((address.hostname, address.port), timeout=30)
+    data = json.dumps(body).encode()
+    connection.sendall(f"POST {path} HTTP/1.1\r\nhost: {address.netloc}\r\ncontent-type: application/json\r\n"
+                       f"content-length: {len(data)}\r\n\r\n".encode() + data)
+    return connection
+
+
+def _metric(text: str, name: str, labels: str = "") -> float:
+    found = re.search(rf"^{name}{re.escape(labels)} (\S+)$", text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+def _deploy_step(platform, tmp_path: Path, name: str, model: str, scaling: str, wait: bool = True) -> None:
+    folder = shutil.copytree(FIXTURE_FUNCTIONS / "step", tmp_path / name)
+    text = (folder / "model.yaml").read_text().replace("name: step", f"name: {name}")
+    text = text.replace("min_instances: 0, max_instances: 1", scaling)
+    (folder / "model.yaml").write_text(text + f"model: {model}\n")
+    if wait:
+        assert platform.cli("deploy", str(folder / "model.yaml")).returncode == 0
+    else:       # the API answers at once; its first instance goes on loading
+        assert platform.deploy_file(folder / "model.yaml").status_code == 201
+
+
+def test_a_request_queued_for_a_cold_start_leaves_the_queue_with_its_caller(start_platform, tmp_path) -> None:
+    platform = start_platform()
+    _deploy_step(platform, tmp_path, "cold", "{op: add, load_s: 60}", "min_instances: 0, max_instances: 1",
+                 wait=False)
+    connection = _send(platform, "/v1/functions/cold/invoke", {"x": 1})
+    eventually(lambda: platform.function("cold")["queued_requests"] == 1, timeout=30, what="the request queued")
+    connection.close()
+    eventually(lambda: platform.function("cold")["queued_requests"] == 0, timeout=10,
+               what="the request to leave the queue (it would wait out the 60 s queue timeout)")
+    abandoned = 'dilu_gateway_requests_abandoned_total{function="cold",stage="queued"}'
+    assert _metric(platform.http.get("/metrics").text, abandoned) == 1.0
+
+
+def test_a_request_queued_at_its_instance_leaves_before_its_batch_runs(start_platform, tmp_path,
+                                                                        instance_visible_dir: Path) -> None:
+    platform = start_platform()
+    gate = instance_visible_dir / "gate"
+    _deploy_step(platform, tmp_path, "gated", f"{{op: add, gate_file: '{gate}'}}",
+                 "min_instances: 1, max_instances: 1")
+    (instance,) = platform.wait_ready("gated") and platform.instances("gated")
+
+    def instance_metric(name: str) -> float:
+        return _metric(httpx.get(instance["endpoint"] + "/metrics", timeout=10).text, name)
+
+    holding = _send(platform, "/v1/functions/gated/invoke", {"x": 1})
+    eventually(lambda: (instance_visible_dir / "gate.started").exists(), timeout=30, what="the first to hold")
+    leaving = _send(platform, "/v1/functions/gated/invoke", {"x": 2})
+    eventually(lambda: instance_metric("dilu_instance_queued_requests") == 1, timeout=30,
+               what="the second request queued at the instance")
+    leaving.close()
+    eventually(lambda: instance_metric("dilu_instance_abandoned_requests") == 1, timeout=10,
+               what="the instance to drop the request whose caller left")
+    gate.write_text("open")
+    answer = holding.makefile("rb").readline()
+    assert answer.startswith(b"HTTP/1.1 200"), answer
+    holding.close()
+    eventually(lambda: instance_metric("dilu_instance_dropped_inputs") == 1, timeout=10,
+               what="its input dropped, not computed")
+    assert instance_metric("dilu_instance_batch_size_count") == 1        # only the first one ran
+    abandoned = 'dilu_gateway_requests_abandoned_total{function="gated",stage="in_flight"}'
+    assert _metric(platform.http.get("/metrics").text, abandoned) == 1.0
+
+
+def test_a_generation_answered_whole_stops_when_its_caller_leaves(start_platform) -> None:
+    # Every request is bounded by 2 s here: a next request waiting out the abandoned 50 s
+    # generation in the function's one slot would fail.
+    platform = start_platform(env={"DILU_REQUEST_TIMEOUT_S": "2"})
+    assert platform.cli("deploy", str(FIXTURE_FUNCTIONS / "counter_stream" / "model.yaml")).returncode == 0
+    platform.wait_ready("counter")
+    connection = _send(platform, "/v1/functions/counter/invoke", {"to": 1000, "step_s": 0.05})
+    eventually(lambda: platform.function("counter")["in_flight_requests"] == 1, timeout=30,
+               what="the long request at its instance")
+    connection.close()
+    after = platform.invoke("counter", {"to": 2})
+    assert after.status_code == 200 and after.json() == {"counted": [1, 2]}, after.text
