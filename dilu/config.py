@@ -138,7 +138,10 @@ class ControllerSettings(CommonSettings):
     resync_interval_s: float = Field(300.0, gt=0, description="Every function is reconciled at least this often; "
                                                              "between resyncs only those where something may be "
                                                              "decided (dilu/policy/visits.py)")
-    worker_ttl_s: float = Field(5.0, gt=0, description="A worker silent this long is lost")
+    worker_ttl_s: float = Field(5.0, gt=0, description="A worker silent this long is lost, unless it or one of its "
+                                                       "instances still answers (dilu/policy/worker_loss.py)")
+    worker_lost_after_s: float = Field(60.0, gt=0, le=3600, description="A worker silent this long is lost even "
+                                                                        "though it or its instances answer")
     cold_start_default_s: float = Field(2.0, ge=0, description="Assumed cold start of a version never started yet")
     profiling: bool = Field(True, description="Profile functions whose spec does not pin a slice")
     profile_trial_s: float = Field(0.5, gt=0, description="Least time per profiling trial (inference trials "

@@ -135,6 +135,16 @@ class WorkerDirectory:
     def register_local(self, worker_id: str, client: WorkerClient) -> None:
         self._local[worker_id] = client
 
+    @property
+    def local(self) -> frozenset[str]:
+        """The workers in this process (``dilu up``'s own)."""
+        return frozenset(self._local)
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        """The shared client for workers and instances (no credentials of its own)."""
+        return self._http
+
     def client_for(self, worker_id: str, url: str | None) -> WorkerClient | None:
         if worker_id in self._local:
             return self._local[worker_id]

@@ -18,12 +18,13 @@ from datetime import datetime
 from sqlalchemy.orm import Session, sessionmaker
 
 from dilu.config import ControllerSettings
+from dilu.controller import evidence
 from dilu.controller.actuators import Actuator
 from dilu.controller.context import ControllerContext
 from dilu.controller.functions import FunctionManager
 from dilu.controller.observe import UNKNOWN_GRACE_S, RowView, fold
 from dilu.db import repo
-from dilu.db.models import FunctionRow, InstanceRow, ProfileRow, utcnow
+from dilu.db.models import FunctionRow, InstanceRow, ProfileRow, WorkerRow, utcnow
 from dilu.failures import FailureLog
 from dilu.messages import (
     ACTIVE_STATES,
@@ -40,6 +41,7 @@ from dilu.messages import (
 )
 from dilu.policy.scheduler import Scheduler
 from dilu.policy.visits import SETTLED_STATUSES, FunctionFacts, needs_visit, pass_interval_s, quiet
+from dilu.policy.worker_loss import lost_workers
 from dilu.state.base import Channel, StateStore, follow
 from dilu.worker_client import QUICK_CALL_S, WorkerDirectory, WorkerUnavailable
 
@@ -94,6 +96,7 @@ class Reconciler:
         self._directory = directory
         self._start_failures: dict[tuple[str, int], int] = {}
         self._owners: dict[str, str] = {}  # instance id -> worker id, as last observed
+        self._kept: set[str] = set()       # silent workers kept for their answers (logged once)
         self._started_at = utcnow()
         self._heartbeats_since: float | None = time.monotonic()   # None while the state store is out
         self._activity: dict[str, FunctionActivity] = {}           # the gateways' activity, as last read
@@ -205,7 +208,7 @@ class Reconciler:
         # A worker is lost when it has been silent for its TTL; heartbeats are only as old as this
         # controller's view of the state store (a restarted controller or Redis holds none yet).
         may_judge = time.monotonic() - self._heartbeats_since >= self.settings.worker_ttl_s
-        lost = [w.id for w in known if w.state == "alive" and w.id not in {i.id for i in live}] if may_judge else []
+        lost = await self._lost(known, {i.id for i in live}, now) if may_judge else []
         if lost:
             log.warning("workers lost: %s", ", ".join(lost))
             await self.ctx.db(repo.mark_workers_lost, worker_ids=lost, now=now)
@@ -305,6 +308,25 @@ class Reconciler:
     def _forget_catalogue(self) -> None:
         self._catalogue = None
         self._catalogue_changes += 1
+
+    async def _lost(self, known: Sequence[WorkerRow], live: set[str], now: datetime) -> list[str]:
+        """The silent workers to mark lost (``dilu.policy.worker_loss``): asked, with their
+        instances, only once they are past their TTL."""
+        silent = {w.id: (now - w.last_seen).total_seconds() for w in known if w.state == "alive" and w.id not in live}
+        due = [w for w in known if silent.get(w.id, 0.0) >= self.settings.worker_ttl_s and w.id not in
+               self._directory.local]
+        answering: set[str] = set()
+        if due:
+            rows = await self.ctx.db(repo.list_instances, active_only=True)
+            probes = {w.id: ([w.url.rstrip("/") + "/healthz"] if w.url else []) +
+                      [r.endpoint + "/health" for r in rows if r.worker_id == w.id and r.endpoint] for w in due}
+            answering = await evidence.answering(self._directory.http, probes, QUICK_CALL_S)
+            for worker in sorted(answering - self._kept):
+                log.warning("worker %s is silent for %.0f s but it or its instances answer: kept (lost after "
+                            "%g s of silence)", worker, silent[worker], self.settings.worker_lost_after_s)
+        self._kept = {worker for worker in self._kept | answering if worker in silent}    # said once per silence
+        return lost_workers(silent, self.settings.worker_ttl_s, self.settings.worker_lost_after_s, answering,
+                            self._directory.local)
 
     async def _observe(self, live: Sequence[WorkerInfo]) -> tuple[dict[str, InstanceStatus], set[str]]:
         """Every live worker's instances, asked in parallel, each within ``QUICK_CALL_S``: a

@@ -98,3 +98,40 @@ def test_a_worker_killed_with_two_instances_loses_no_request(tmp_path: Path, pos
             http.close()
         for role in roles:
             role.stop()
+
+
+def test_a_stopped_worker_whose_instance_answers_keeps_its_routes(tmp_path: Path, postgres_url: str,
+                                                                   redis_prefix: str) -> None:
+    """The worker process stops (SIGSTOP): no heartbeat, no answer from its API. Its instance,
+    a process of its own, still serves, so the worker is not judged lost at its TTL and the
+    instance keeps taking requests (with one worker, losing it would leave nothing to serve)."""
+    env = {"DILU_DATABASE_URL": postgres_url, "DILU_REDIS_URL": REDIS_URL, "DILU_REDIS_PREFIX": redis_prefix,
+           "DILU_HOME": str(tmp_path / "home"), "DILU_PROFILING": "false"}
+    migrated = subprocess.run([dilu_executable(), "migrate"], env={**os.environ, **env}, capture_output=True,
+                              text=True, timeout=120)
+    assert migrated.returncode == 0, migrated.stderr
+    worker = start_role(["worker"], {**env, "DILU_PORT": str(_free_port()), "DILU_WORKER_NAME": "only"},
+                        tmp_path / "worker.log")
+    controller = start_role(["controller"], env, tmp_path / "controller.log", wait_for_url=False)
+    gateway = start_role(["gateway"], {**env, "DILU_PORT": "0"}, tmp_path / "gateway.log")
+    roles = [worker, controller, gateway]
+    try:
+        source = shutil.copytree(FIXTURE_FUNCTIONS / "ok", tmp_path / "ok")
+        deployed = subprocess.run([dilu_executable(), "deploy", str(source / "model.yaml")], capture_output=True,
+                                  env={**os.environ, **env, "DILU_URL": gateway.url}, text=True, timeout=180)
+        assert deployed.returncode == 0, deployed.stderr
+        with httpx.Client(base_url=gateway.url, timeout=60) as http:
+            worker.process.send_signal(signal.SIGSTOP)
+            try:
+                eventually(lambda: "or its instances answer: kept" in controller.log(), timeout=60,
+                           what="the controller to weigh the silent worker")
+                for number in range(20):
+                    assert http.post("/v1/functions/ok/invoke", json={"n": number}).status_code == 200
+                states = {i["state"] for i in http.get("/v1/functions/ok/instances").json()}
+                assert states == {"ready"}
+                assert {w["state"] for w in http.get("/v1/status").json()["workers"]} == {"alive"}
+            finally:
+                worker.process.send_signal(signal.SIGCONT)
+    finally:
+        for role in roles:
+            role.stop()
