@@ -136,6 +136,8 @@ def _link_or_copy(source: str, target: str) -> None:
     os.chmod(target, 0o755 if path.stat().st_mode & stat.S_IXUSR else 0o644)
 
 
+SANDBOX_PREFIX = "dilu-instances-"     # each worker's root of its instances' folders
+
 class Sandboxes:
     """The folders of one worker's instances, under a root made for it in /run (out of what instances
     see privately: /tmp, /var/tmp, /dev/shm), or the temp folder where /run is not writable."""
@@ -145,7 +147,7 @@ class Sandboxes:
         # mkdtemp: a new folder only this process made (no one can have planted it), then opened
         # to traversal only: others cannot list it, each instance reaches its own folder.
         parent = SANDBOX_PARENT if os.access(SANDBOX_PARENT, os.W_OK) else None
-        self.root = Path(tempfile.mkdtemp(prefix="dilu-instances-", dir=parent))
+        self.root = Path(tempfile.mkdtemp(prefix=SANDBOX_PREFIX, dir=parent))
         self.root.chmod(0o711)
         self.shared = self.root / "run"
         self.shared.mkdir(mode=0o711)

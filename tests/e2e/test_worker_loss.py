@@ -13,11 +13,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.conftest import FIXTURE_FUNCTIONS, REDIS_URL
 from tests.e2e.test_separate_roles import _free_port
 from tests.platform import dilu_executable, start_role
 from tests.waiting import eventually
+from worker.cgroups import InstanceGroups
 
 REQUESTS, CLIENTS = 240, 6
 
@@ -132,6 +134,46 @@ def test_a_stopped_worker_whose_instance_answers_keeps_its_routes(tmp_path: Path
                 assert {w["state"] for w in http.get("/v1/status").json()["workers"]} == {"alive"}
             finally:
                 worker.process.send_signal(signal.SIGCONT)
+    finally:
+        for role in roles:
+            role.stop()
+
+
+def _left_on_host(instance_id: str) -> list[Path]:
+    """The instance's cgroups and sandbox folder, where they exist."""
+    groups = [path for hierarchy in Path("/sys/fs/cgroup").iterdir() if hierarchy.is_dir()
+              for path in hierarchy.glob(f"**/dilu/{instance_id}")]
+    return groups + [path for parent in (Path("/run"), Path("/tmp")) for path in parent.glob(f"dilu-instances-*/"
+                                                                                              f"{instance_id}")]
+
+
+@pytest.mark.skipif(not InstanceGroups().available, reason="no writable cgroups: instances make none")
+def test_a_worker_started_after_a_killed_one_removes_what_its_instances_left(
+        tmp_path: Path, postgres_url: str, redis_prefix: str) -> None:
+    env = {"DILU_DATABASE_URL": postgres_url, "DILU_REDIS_URL": REDIS_URL, "DILU_REDIS_PREFIX": redis_prefix,
+           "DILU_HOME": str(tmp_path / "home"), "DILU_PROFILING": "false"}
+    migrated = subprocess.run([dilu_executable(), "migrate"], env={**os.environ, **env}, capture_output=True,
+                              text=True, timeout=120)
+    assert migrated.returncode == 0, migrated.stderr
+    worker_env = {**env, "DILU_PORT": str(_free_port()), "DILU_WORKER_NAME": "again"}
+    roles = [start_role(["worker"], worker_env, tmp_path / "worker.log"),
+             start_role(["controller"], env, tmp_path / "controller.log", wait_for_url=False)]
+    gateway = start_role(["gateway"], {**env, "DILU_PORT": "0"}, tmp_path / "gateway.log")
+    roles.append(gateway)
+    try:
+        source = shutil.copytree(FIXTURE_FUNCTIONS / "ok", tmp_path / "ok")
+        deployed = subprocess.run([dilu_executable(), "deploy", str(source / "model.yaml")], capture_output=True,
+                                  env={**os.environ, **env, "DILU_URL": gateway.url}, text=True, timeout=180)
+        assert deployed.returncode == 0, deployed.stderr
+        (instance,) = httpx.get(f"{gateway.url}/v1/functions/ok/instances", timeout=30).json()
+        assert _left_on_host(instance["id"]), "the instance has cgroups and a sandbox folder"
+        roles[0].process.kill()          # no cleanup runs; its instance ends with it (its death signal)
+        roles[0].process.wait()
+        roles[0].stop()                  # (its output files)
+        eventually(lambda: not InstanceGroups().pids(instance["id"]), timeout=30, what="the instance to end")
+        assert _left_on_host(instance["id"]), "a killed worker leaves its instance's cgroups and folder"
+        roles[0] = start_role(["worker"], worker_env, tmp_path / "worker-again.log")
+        assert not _left_on_host(instance["id"])
     finally:
         for role in roles:
             role.stop()

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -38,9 +40,21 @@ from worker.backends.heap import keeping_freed_memory
 from worker.backends.instance_env import allowed_env
 from worker.backends.spares import Spare, SpareLaunch, SparePool, exec_time, pool_key, preload_env
 from worker.cgroups import CpuLimiter, InstanceGroups, join_group_of, join_groups
+from worker.leftovers import Leftovers
 from worker.pool import PoolSizer
-from worker.sandbox import InstanceUser, Sandboxes, become, die_with_parent, kept_in_temp, platform_paths, private_temp
+from worker.sandbox import (
+    SANDBOX_PREFIX,
+    InstanceUser,
+    Sandboxes,
+    become,
+    die_with_parent,
+    kept_in_temp,
+    platform_paths,
+    private_temp,
+)
 from worker.uids import UidRegistry
+
+log = logging.getLogger(__name__)
 
 
 def _child_setup(procs_files: list[str], user: InstanceUser | None, temp_bytes: int | None = None,
@@ -85,6 +99,7 @@ class ProcessBackend:
         PoolSizer(*self._bounds)   # checks the bounds now, not at the first pool
         self._preload = tuple(preload)
         self._sandboxes = Sandboxes(users) if users is not None else None
+        self._leftovers: Leftovers | None = None    # set by adopt(), at the worker's start
         self.cpu = cpu
         self.groups = groups
         self._limits = (runtime_memory, pids)
@@ -134,6 +149,8 @@ class ProcessBackend:
         key = protocol.new_key()
         log_path.parent.mkdir(parents=True, exist_ok=True)
         user = self._user_of(request)
+        if self._leftovers is not None:     # on record before anything of it exists on the host
+            self._leftovers.note(request.instance_id, self._sandboxes.root if self._sandboxes else None)
         code, home = await asyncio.to_thread(self._place_code, request, user)
         weights = await asyncio.to_thread(self._place_weights, request, user)
         config_json = self._config_json(request, code, weights, self._stream_stall_s)
@@ -316,9 +333,25 @@ class ProcessBackend:
             self.cpu.remove(instance_id)
         if self._sandboxes is not None:
             self._sandboxes.remove(instance_id)
+        if self._leftovers is not None:
+            self._leftovers.forget(instance_id)
 
     async def adopt(self, owner: str, log_path: Callable[[str], Path]) -> list[tuple[StartInstance, RunningInstance]]:
-        return []  # instance processes die with their worker (PR_SET_PDEATHSIG)
+        """Nothing to adopt (instance processes die with their worker, PR_SET_PDEATHSIG), but
+        what the instances of a killed worker of this id left on the host goes: their cgroups,
+        emptied first, and their sandbox folders."""
+        self._leftovers = Leftovers(self._state_dir, owner)
+        roots = set()
+        for instance_id, root in self._leftovers.left():
+            self.release(instance_id)
+            if root is not None and root != (self._sandboxes.root if self._sandboxes else None):
+                shutil.rmtree(root / instance_id, ignore_errors=True)
+                roots.add(root)
+            log.info("removed what instance %s of a previous worker %s left", instance_id, owner)
+        for root in roots:      # a previous worker's whole sandbox root, once no instance is on record in it
+            if root.name.startswith(SANDBOX_PREFIX):
+                shutil.rmtree(root, ignore_errors=True)
+        return []
 
     def logs(self, running: RunningInstance, lines: int) -> str | None:
         return None
