@@ -157,6 +157,7 @@ class GatewayServices:
         self._background: set[asyncio.Task] = set()
         self.shares = ShareHistory()       # the dashboard's granted/used shares over time
         self._tasks: list[asyncio.Task] = []
+        self._demanding: dict[str, asyncio.Task] = {}    # per function, its demand signal in flight
         self._pending_counts: dict[str, dict[int, int]] = {}
         self._pending_totals: dict[str, int] = {}
 
@@ -289,6 +290,14 @@ class GatewayServices:
     def _add_counts(self, totals: dict[str, int]) -> None:
         with self.sessions() as session:
             repo.add_request_counts(session=session, counts=totals)
+
+    def signal_demand(self, function: str) -> None:
+        """A request is queued: ``demand`` in the background, one signal per function in flight
+        (requests queued meanwhile say nothing new), out of reach of the request's own
+        cancellation (its caller leaving), which would cut a state-store command half-way."""
+        pending = self._demanding.get(function)
+        if pending is None or pending.done():
+            self._demanding[function] = self.spawn(self.demand(function))
 
     async def demand(self, function: str) -> None:
         """A request is queued: tell the controller now rather than at the next flush. Never

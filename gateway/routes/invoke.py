@@ -162,7 +162,7 @@ async def _invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
     async def on_queued() -> None:
         if not queued_at:
             queued_at.append(time.perf_counter())
-        await services.demand(name)
+        services.signal_demand(name)
 
     while True:
         try:
