@@ -206,12 +206,16 @@ class WorkerSettings(CommonSettings):
     worker_ttl_s: float = Field(5.0, gt=0)
     health_poll_s: float = Field(0.02, gt=0,
                                  description="Health-check period of starting instances (on the cold-start path)")
-    stop_grace_s: float = Field(5.0, ge=0, description="SIGTERM to SIGKILL delay when the worker itself stops, and "
-                                                       "the least an instance being stopped is given")
+    stop_grace_s: float = Field(5.0, ge=0, description="SIGTERM to SIGKILL delay: the least an instance being "
+                                                       "stopped is given")
     drain_s: float = Field(120.0, ge=0, le=86400,
                            description="How long an instance being scaled in, updated or deleted may finish the "
                                        "requests and streams it serves (it ends at once when it serves none); a "
                                        "function's max_stream_s replaces it")
+    stop_drain_s: float = Field(30.0, ge=0, le=86400,
+                                description="When the worker itself stops (SIGINT, SIGTERM): the most its instances "
+                                            "may finish the streams they serve (their max_stream_s, else drain_s, "
+                                            "within this); requests waiting for a slot go to other instances at once")
     startup_timeout_s: float = Field(300.0, gt=0, description="Instance load must finish within this")
     python: str | None = Field(None, description="Interpreter for instances; this one when unset")
     spare_processes: int = Field(1, ge=0, le=16, description="Runtime pool: the least instance processes kept "

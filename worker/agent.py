@@ -96,7 +96,8 @@ class WorkerAgent:
 
     def __init__(self, *, info: WorkerInfo, backend: RuntimeBackend, store: StateStore, logs_dir: Path,
                  heartbeat_s: float = 1.0, worker_ttl_s: float = 5.0, health_poll_s: float = 0.1,
-                 stop_grace_s: float = 5.0, drain_s: float = 0.0, startup_timeout_s: float = 300.0,
+                 stop_grace_s: float = 5.0, drain_s: float = 0.0, stop_drain_s: float = 0.0,
+                 startup_timeout_s: float = 300.0,
                  gpu: GpuControl | None = None, bundles: BundleCache | None = None,
                  artifacts: ArtifactCache | None = None) -> None:
         self.info = info
@@ -111,6 +112,7 @@ class WorkerAgent:
         self._poll_s = health_poll_s
         self._grace_s = stop_grace_s
         self._drain_s = drain_s
+        self._stop_drain_s = stop_drain_s
         self._draining: set[asyncio.Task[None]] = set()
         self._startup_timeout_s = startup_timeout_s
         self._instances: dict[str, _Instance] = {}
@@ -194,22 +196,23 @@ class WorkerAgent:
         kept = self._backend.logs(record.running, lines) if record.running is not None else None
         return kept if kept is not None else read_log_tail(self.log_path(record.request.instance_id), lines)
 
-    async def stop_instance(self, instance_id: str, drain: bool = True) -> None:
+    async def stop_instance(self, instance_id: str, drain: bool = True, bound_s: float | None = None) -> None:
         """Stops gracefully: SIGTERM, on which the instance takes no new connection and ends once
         what it serves is done, then SIGKILL after the grace time. With ``drain`` (scale-in,
         updates, deletes) the grace is the function's ``max_stream_s`` or the worker's
         ``drain_s``, so streams in flight can finish; returns after at most STOP_WAIT_S while
-        the drain goes on. Idempotent."""
+        the drain goes on; ``bound_s`` caps that drain (the worker itself stopping). Idempotent."""
         record = self._instances.get(instance_id)
         if record is None or record.state in (STOPPED, FAILED, STOPPING):
             return
         record.state, record.state_since = STOPPING, time.time()
         await self._changed(record)
-        grace = max(self._grace_s, (record.request.spec.get("max_stream_s") or self._drain_s) if drain else 0.0)
+        drain_s = (record.request.spec.get("max_stream_s") or self._drain_s) if drain else 0.0
+        grace = max(self._grace_s, drain_s if bound_s is None else min(drain_s, bound_s))
         task = asyncio.create_task(self._stop(record, grace))
         self._draining.add(task)
         task.add_done_callback(self._draining.discard)
-        await asyncio.wait({task}, timeout=STOP_WAIT_S if drain else None)
+        await asyncio.wait({task}, timeout=STOP_WAIT_S if drain and bound_s is None else None)
 
     async def _stop(self, record: _Instance, grace_s: float) -> None:
         if record.running is not None:
@@ -359,7 +362,7 @@ class WorkerAgent:
 
     async def _hurry(self, record: _Instance) -> None:
         if record.running is not None:
-            await self._backend.stop(record.running, self._grace_s)
+            await self._backend.stop(record.running, max(self._grace_s, self._stop_drain_s))
 
     def describe(self) -> dict:
         """The worker as ``/v1/info`` shows it: its identity, its runtime pool and (on a GPU) how
@@ -368,9 +371,11 @@ class WorkerAgent:
                 "token_manager": self._gpu.period_stats() if self._gpu is not None else None}
 
     async def shutdown(self) -> None:
-        """Stops every instance (used when the worker itself stops: no drain, and the drains
-        under way end within the stop grace)."""
-        await asyncio.gather(*(self.stop_instance(iid, drain=False) for iid in list(self._instances)),
+        """Stops every instance (used when the worker itself stops): each takes no new request,
+        hands the ones waiting for a slot to other instances, and finishes those it runs (its
+        streams) for up to its ``max_stream_s`` (else ``drain_s``), within ``stop_drain_s``;
+        the drains under way end within ``stop_drain_s`` too."""
+        await asyncio.gather(*(self.stop_instance(iid, bound_s=self._stop_drain_s) for iid in list(self._instances)),
                              *(self._hurry(record) for record in self._instances.values() if record.state == STOPPING),
                              return_exceptions=True)
         await self._http.aclose()

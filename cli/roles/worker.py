@@ -80,6 +80,7 @@ def make_agents(settings: WorkerSettings, store: StateStore, sessions: sessionma
             info=info, backend=backend, store=store, logs_dir=settings.logs_dir,
             heartbeat_s=settings.heartbeat_s, worker_ttl_s=settings.worker_ttl_s,
             health_poll_s=settings.health_poll_s, stop_grace_s=settings.stop_grace_s, drain_s=settings.drain_s,
+            stop_drain_s=settings.stop_drain_s,
             startup_timeout_s=settings.startup_timeout_s, gpu=_gpu_control(settings, device, run_dir), bundles=bundles,
             artifacts=artifacts))
     return agents

@@ -4,6 +4,7 @@ instance (separate roles sharing PostgreSQL and Redis, two workers)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -174,6 +175,58 @@ def test_a_worker_started_after_a_killed_one_removes_what_its_instances_left(
         assert _left_on_host(instance["id"]), "a killed worker leaves its instance's cgroups and folder"
         roles[0] = start_role(["worker"], worker_env, tmp_path / "worker-again.log")
         assert not _left_on_host(instance["id"])
+    finally:
+        for role in roles:
+            role.stop()
+
+
+def test_a_stopping_worker_finishes_its_streams_and_hands_over_the_waiting_ones(
+        tmp_path: Path, postgres_url: str, redis_prefix: str) -> None:
+    """SIGINT to a worker whose one-slot instance streams (4 s) with a second stream waiting for
+    the slot: the running stream ends with its terminator, well past the 1 s stop grace, and the
+    waiting one is handed over and served whole by an instance on the other worker."""
+    env = {"DILU_DATABASE_URL": postgres_url, "DILU_REDIS_URL": REDIS_URL, "DILU_REDIS_PREFIX": redis_prefix,
+           "DILU_HOME": str(tmp_path / "home"), "DILU_PROFILING": "false", "DILU_STOP_GRACE_S": "1"}
+    migrated = subprocess.run([dilu_executable(), "migrate"], env={**os.environ, **env}, capture_output=True,
+                              text=True, timeout=120)
+    assert migrated.returncode == 0, migrated.stderr
+    first = start_role(["worker"], {**env, "DILU_PORT": str(_free_port()), "DILU_WORKER_NAME": "first"},
+                       tmp_path / "first.log")
+    roles = [first, start_role(["controller"], env, tmp_path / "controller.log", wait_for_url=False)]
+    gateway = start_role(["gateway"], {**env, "DILU_PORT": "0"}, tmp_path / "gateway.log")
+    roles.append(gateway)
+    try:
+        source = shutil.copytree(FIXTURE_FUNCTIONS / "counter_stream", tmp_path / "counter")
+        text = (source / "model.yaml").read_text().replace("max_instances: 1", "max_instances: 2")
+        (source / "model.yaml").write_text(text)
+        deployed = subprocess.run([dilu_executable(), "deploy", str(source / "model.yaml")], capture_output=True,
+                                  env={**os.environ, **env, "DILU_URL": gateway.url}, text=True, timeout=180)
+        assert deployed.returncode == 0, deployed.stderr
+        (instance,) = httpx.get(f"{gateway.url}/v1/functions/counter/instances", timeout=30).json()
+        roles.append(start_role(["worker"], {**env, "DILU_PORT": str(_free_port()), "DILU_WORKER_NAME": "second"},
+                                tmp_path / "second.log"))
+
+        def stream(to: int) -> list[dict]:
+            with httpx.stream("POST", f"{gateway.url}/v1/functions/counter/invoke", json={"to": to, "step_s": 0.1},
+                              headers={"accept": "application/x-ndjson"}, timeout=120) as reply:
+                assert reply.status_code == 200, reply.read()
+                return [json.loads(line) for line in reply.iter_lines() if line]
+
+        def waiting() -> bool:
+            text = httpx.get(instance["endpoint"] + "/metrics", timeout=10).text
+            return "dilu_instance_queued_requests 1.0" in text
+
+        with ThreadPoolExecutor(2) as pool:
+            running = pool.submit(stream, 40)
+            eventually(lambda: httpx.get(f"{gateway.url}/v1/functions/counter", timeout=10).json()[
+                "in_flight_requests"] == 1, timeout=30, what="the first stream at the instance")
+            waits = pool.submit(stream, 3)
+            eventually(waiting, timeout=30, what="the second stream waiting for the slot")
+            first.process.send_signal(signal.SIGINT)
+            assert running.result(timeout=120)[-1] == {"done": True, "chunks": 40}
+            assert waits.result(timeout=120) == [{"n": 1}, {"n": 2}, {"n": 3}, {"done": True, "chunks": 3}]
+        served = httpx.get(f"{gateway.url}/v1/functions/counter/instances", timeout=30).json()
+        assert [i["worker_id"] for i in served] == ["second-cpu"], served
     finally:
         for role in roles:
             role.stop()

@@ -29,6 +29,14 @@ class BatchError(Exception):
         self.status = status
 
 
+class HandedOver(BatchError):
+    """The instance is stopping and this request had not started: it goes to another instance
+    (answered as "still loading, try another", which the gateway retries elsewhere)."""
+
+    def __init__(self) -> None:
+        super().__init__("the instance is stopping; the request had not started", 503)
+
+
 def as_error(exc: BaseException) -> BatchError:
     """``exc`` as the request's answer: 422 for ``InputError``, 500 for anything else."""
     if isinstance(exc, BatchError):
@@ -67,6 +75,17 @@ class Batcher:
     def queued(self) -> int:
         """Inputs waiting for a batch (not counting the one running)."""
         return self._queue.qsize()
+
+    def hand_over(self) -> int:
+        """Answers every input still waiting for a batch with ``HandedOver`` (the instance is
+        stopping); the batch running, and one being gathered, finish. Returns how many."""
+        count = 0
+        while not self._queue.empty():
+            _, future, _ = self._queue.get_nowait()
+            if not future.done():
+                future.set_exception(HandedOver())
+                count += 1
+        return count
 
     async def submit(self, item: Any) -> BatchResult:
         future = asyncio.get_running_loop().create_future()

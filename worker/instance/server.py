@@ -49,7 +49,7 @@ from dilu.instance_protocol import (
     route_prefix,
     stream_kind,
 )
-from worker.instance.batcher import Batcher, BatchError, BatchResult
+from worker.instance.batcher import Batcher, BatchError, BatchResult, HandedOver
 from worker.instance.codec import codec_for, loads
 from worker.instance.gpu_requests import RequestSignal
 from worker.instance.loader import HandlerError, build_handler
@@ -106,6 +106,8 @@ def create_app(state: RuntimeState, lifespan: Callable[[Starlette], AbstractAsyn
                     result = await _unless_caller_leaves(request, _whole(state, stream), stream.cancel)
                 else:
                     result = await _unless_caller_leaves(request, state.batcher.submit(payload))
+        except HandedOver as exc:
+            return _handed_over(exc)
         except BatchError as exc:
             return _error(exc.status, f"invalid input: {exc}" if exc.status < 500 else f"handler error: {exc}")
         except CallerLeft:
@@ -145,6 +147,11 @@ def create_app(state: RuntimeState, lifespan: Callable[[Starlette], AbstractAsyn
 
 
 T = TypeVar("T")
+
+
+def _handed_over(exc: HandedOver) -> Response:
+    """A request the stopping instance did not start: "try another" to the gateway."""
+    return JSONResponse({"error": str(exc), "loading": True}, status_code=503, headers={LOADING_HEADER: "1"})
 
 
 class CallerLeft(Exception):
@@ -188,6 +195,8 @@ async def _streamed(state: RuntimeState, stream: Stream, kind: str) -> Response:
         stream.cancel()
         raise
     failure = stream.failure
+    if isinstance(failure, HandedOver):
+        return _handed_over(failure)
     if failure is not None:    # the first piece is its error event
         return _error(failure.status, f"invalid input: {failure}" if failure.status < 500 else
                       f"handler error: {failure}")
@@ -306,18 +315,28 @@ def serve(config: InstanceConfig, listener: socket.socket, assigned_at: float | 
     started = assigned_at if assigned_at is not None else _process_start_time()
     state.marks.update(process_start=started, runtime_imported=assigned_at or time.time())
 
+    loops: list[asyncio.AbstractEventLoop] = []
+
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        loops.append(asyncio.get_running_loop())
         task = asyncio.create_task(_load_then_serve_batches(state))
         try:
             yield
         finally:
             task.cancel()
 
+    def hand_over() -> None:
+        """Stopping: the requests waiting for a slot go to other instances (the gateway retries
+        a "try another" answer elsewhere); those running finish."""
+        for runner in (state.batcher, state.streams):
+            if runner is not None:
+                runner.hand_over()
+
     app = create_app(state, lifespan, route_prefix(key))
     # A socket object, not uvicorn's fd=: socket(fileno=...) detects the real family (fd= assumes
     # AF_UNIX, which leaves Nagle on for TCP and costs ~40 ms per response through delayed ACKs).
-    server = _prompt_server(_uvicorn_config(app))
+    server = _prompt_server(_uvicorn_config(app), lambda: loops and loops[0].call_soon_threadsafe(hand_over))
     # uvicorn drains requests in flight on SIGTERM, then raises the signal again under the
     # disposition it found: left at the default, that kills the process before the exit
     # handlers (the handler's own clean-up) run. Found as this handler, it exits through them.
@@ -357,17 +376,18 @@ def _skip_teardown_finalizers() -> None:
             finalizer.atexit = False
 
 
-def _prompt_server(config: uvicorn.Config) -> uvicorn.Server:  # uvicorn is imported lazily (spares preload it)
+def _prompt_server(config: uvicorn.Config, on_exit: Callable[[], Any]) -> uvicorn.Server:  # uvicorn: lazily
     import uvicorn
 
     class PromptServer(uvicorn.Server):
         """A SIGTERM with no request in progress ends the instance at once; with requests in
         progress, uvicorn drains them first (its shutdown otherwise takes 0.1-0.2 s of ticks
-        even when there is nothing to drain)."""
+        even when there is nothing to drain), once ``on_exit`` has handed the waiting ones over."""
 
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             if not self.server_state.tasks:
                 exit_now()
+            on_exit()
             super().handle_exit(sig, frame)
 
     return PromptServer(config)

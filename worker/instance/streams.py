@@ -31,7 +31,7 @@ from typing import Any
 
 from dilu.handler import InputError, Last
 from dilu.instance_protocol import stream_done, stream_error
-from worker.instance.batcher import BatchError, as_error
+from worker.instance.batcher import BatchError, HandedOver, as_error
 
 _END = object()
 MAX_WAITING_CHUNKS = 64
@@ -116,6 +116,18 @@ class StreamRunner:
     def queued(self) -> int:
         """Streams waiting for a slot in the running batch."""
         return self._waiting.qsize()
+
+    def hand_over(self) -> int:
+        """Ends every stream still waiting for a slot with ``HandedOver`` (the instance is
+        stopping): before its first chunk, so the gateway sends it to another instance. The
+        running streams go on to their end. Returns how many."""
+        count = 0
+        while not self._waiting.empty():
+            stream, _ = self._waiting.get_nowait()
+            if not stream.cancelled:
+                stream.end(HandedOver())
+                count += 1
+        return count
 
     def submit(self, request: Any) -> Stream:
         stream = Stream(on_read=self._wake.set)
