@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -31,12 +32,14 @@ def outage(exc: BaseException) -> str | None:
     return None
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 ERROR_HEADER = "x-dilu-error"     # the error's message again, for a reply without a body (HEAD)
 
 
 def error_header(message: str) -> str:
     """``message`` as one header value: printable ASCII (others escaped), at most 300 characters."""
-    return message.encode("ascii", "backslashreplace").decode()[:300].replace("\r", " ").replace("\n", " ")
+    text = message.encode("ascii", "backslashreplace").decode()
+    return _CONTROL.sub(lambda found: f"\\x{ord(found.group()):02x}", text)[:300]
 
 
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:

@@ -43,4 +43,5 @@ async def test_an_escaping_error_is_answered_not_raised(error: Exception, status
 def test_the_error_header_is_one_printable_line() -> None:
     from gateway.errors import error_header
 
-    assert error_header("bad\r\nline ünï " + "x" * 400) == ("bad  line \\xfcn\\xef " + "x" * 400)[:300]
+    assert error_header("bad\r\nline\x00 ünï " + "x" * 400) == ("bad\\x0d\\x0aline\\x00 \\xfcn\\xef " + "x" * 400)[:300]
+    assert error_header("\udb25 lone") == "\\udb25 lone"
