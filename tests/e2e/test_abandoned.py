@@ -98,3 +98,17 @@ def test_a_generation_answered_whole_stops_when_its_caller_leaves(start_platform
     connection.close()
     after = platform.invoke("counter", {"to": 2})
     assert after.status_code == 200 and after.json() == {"counted": [1, 2]}, after.text
+
+
+def test_an_openai_completion_whose_caller_left_stops_its_generation(start_platform, tmp_path) -> None:
+    platform = start_platform(env={"DILU_REQUEST_TIMEOUT_S": "2"})
+    source = shutil.copytree(FIXTURE_FUNCTIONS / "slow_stream", tmp_path / "slow")
+    text = (source / "model.yaml").read_text().replace("max_batch_size: 4", "max_batch_size: 1")
+    (source / "model.yaml").write_text(text.replace("max_instances: 2", "max_instances: 1") + "model: {step_s: 0.05}\n")
+    assert platform.cli("deploy", str(source / "model.yaml")).returncode == 0
+    connection = _send(platform, "/v1/completions", {"model": "slow-stream", "prompt": "x", "max_tokens": 1000})
+    eventually(lambda: platform.function("slow-stream")["in_flight_requests"] == 1, timeout=30,
+               what="the long completion at its instance")
+    connection.close()
+    after = platform.http.post("/v1/completions", json={"model": "slow-stream", "prompt": "x", "max_tokens": 2})
+    assert after.status_code == 200 and after.json()["choices"][0]["text"] == "xx", after.text

@@ -25,6 +25,22 @@ from worker.cgroups import InstanceGroups
 REQUESTS, CLIENTS = 240, 6
 
 
+def _migrated(tmp_path: Path, postgres_url: str, redis_prefix: str, **extra: str) -> dict[str, str]:
+    """The roles' shared settings (PostgreSQL, Redis, one home), its database migrated."""
+    env = {"DILU_DATABASE_URL": postgres_url, "DILU_REDIS_URL": REDIS_URL, "DILU_REDIS_PREFIX": redis_prefix,
+           "DILU_HOME": str(tmp_path / "home"), "DILU_PROFILING": "false", **extra}
+    migrated = subprocess.run([dilu_executable(), "migrate"], env={**os.environ, **env}, capture_output=True,
+                              text=True, timeout=120)
+    assert migrated.returncode == 0, migrated.stderr
+    return env
+
+
+def _deploy(source: Path, env: dict[str, str], url: str) -> None:
+    deployed = subprocess.run([dilu_executable(), "deploy", str(source / "model.yaml")], capture_output=True,
+                              env={**os.environ, **env, "DILU_URL": url}, text=True, timeout=180)
+    assert deployed.returncode == 0, deployed.stderr
+
+
 def _tree(pid: int) -> list[int]:
     """``pid`` and every process below it."""
     children: dict[int, list[int]] = {}
@@ -44,11 +60,7 @@ def _tree(pid: int) -> list[int]:
 
 def test_a_worker_killed_with_two_instances_loses_no_request(tmp_path: Path, postgres_url: str,
                                                              redis_prefix: str) -> None:
-    env = {"DILU_DATABASE_URL": postgres_url, "DILU_REDIS_URL": REDIS_URL, "DILU_REDIS_PREFIX": redis_prefix,
-           "DILU_HOME": str(tmp_path / "home"), "DILU_PROFILING": "false"}
-    migrated = subprocess.run([dilu_executable(), "migrate"], env={**os.environ, **env}, capture_output=True,
-                              text=True, timeout=120)
-    assert migrated.returncode == 0, migrated.stderr
+    env = _migrated(tmp_path, postgres_url, redis_prefix)
     roles = []
     http = None
     try:
@@ -70,9 +82,7 @@ def test_a_worker_killed_with_two_instances_loses_no_request(tmp_path: Path, pos
         text = text.replace("memory: 128Mi", f"memory: {memory_mib}Mi")
         text = text.replace("min_instances: 0, max_instances: 1", "min_instances: 3, max_instances: 3")
         (source / "model.yaml").write_text(text + "model: {op: add, sleep_s: 0.05}\n")
-        deployed = subprocess.run([dilu_executable(), "deploy", str(source / "model.yaml")], capture_output=True,
-                                  env={**os.environ, **env, "DILU_URL": gateway.url}, text=True, timeout=180)
-        assert deployed.returncode == 0, deployed.stderr
+        _deploy(source, env, gateway.url)
 
         def ready() -> list[dict]:
             return [i for i in http.get("/v1/functions/three/instances").json() if i["state"] == "ready"]
@@ -108,11 +118,7 @@ def test_a_stopped_worker_whose_instance_answers_keeps_its_routes(tmp_path: Path
     """The worker process stops (SIGSTOP): no heartbeat, no answer from its API. Its instance,
     a process of its own, still serves, so the worker is not judged lost at its TTL and the
     instance keeps taking requests (with one worker, losing it would leave nothing to serve)."""
-    env = {"DILU_DATABASE_URL": postgres_url, "DILU_REDIS_URL": REDIS_URL, "DILU_REDIS_PREFIX": redis_prefix,
-           "DILU_HOME": str(tmp_path / "home"), "DILU_PROFILING": "false"}
-    migrated = subprocess.run([dilu_executable(), "migrate"], env={**os.environ, **env}, capture_output=True,
-                              text=True, timeout=120)
-    assert migrated.returncode == 0, migrated.stderr
+    env = _migrated(tmp_path, postgres_url, redis_prefix)
     worker = start_role(["worker"], {**env, "DILU_PORT": str(_free_port()), "DILU_WORKER_NAME": "only"},
                         tmp_path / "worker.log")
     controller = start_role(["controller"], env, tmp_path / "controller.log", wait_for_url=False)
@@ -120,9 +126,7 @@ def test_a_stopped_worker_whose_instance_answers_keeps_its_routes(tmp_path: Path
     roles = [worker, controller, gateway]
     try:
         source = shutil.copytree(FIXTURE_FUNCTIONS / "ok", tmp_path / "ok")
-        deployed = subprocess.run([dilu_executable(), "deploy", str(source / "model.yaml")], capture_output=True,
-                                  env={**os.environ, **env, "DILU_URL": gateway.url}, text=True, timeout=180)
-        assert deployed.returncode == 0, deployed.stderr
+        _deploy(source, env, gateway.url)
         with httpx.Client(base_url=gateway.url, timeout=60) as http:
             worker.process.send_signal(signal.SIGSTOP)
             try:
@@ -151,11 +155,7 @@ def _left_on_host(instance_id: str) -> list[Path]:
 @pytest.mark.skipif(not InstanceGroups().available, reason="no writable cgroups: instances make none")
 def test_a_worker_started_after_a_killed_one_removes_what_its_instances_left(
         tmp_path: Path, postgres_url: str, redis_prefix: str) -> None:
-    env = {"DILU_DATABASE_URL": postgres_url, "DILU_REDIS_URL": REDIS_URL, "DILU_REDIS_PREFIX": redis_prefix,
-           "DILU_HOME": str(tmp_path / "home"), "DILU_PROFILING": "false"}
-    migrated = subprocess.run([dilu_executable(), "migrate"], env={**os.environ, **env}, capture_output=True,
-                              text=True, timeout=120)
-    assert migrated.returncode == 0, migrated.stderr
+    env = _migrated(tmp_path, postgres_url, redis_prefix)
     worker_env = {**env, "DILU_PORT": str(_free_port()), "DILU_WORKER_NAME": "again"}
     roles = [start_role(["worker"], worker_env, tmp_path / "worker.log"),
              start_role(["controller"], env, tmp_path / "controller.log", wait_for_url=False)]
@@ -163,9 +163,7 @@ def test_a_worker_started_after_a_killed_one_removes_what_its_instances_left(
     roles.append(gateway)
     try:
         source = shutil.copytree(FIXTURE_FUNCTIONS / "ok", tmp_path / "ok")
-        deployed = subprocess.run([dilu_executable(), "deploy", str(source / "model.yaml")], capture_output=True,
-                                  env={**os.environ, **env, "DILU_URL": gateway.url}, text=True, timeout=180)
-        assert deployed.returncode == 0, deployed.stderr
+        _deploy(source, env, gateway.url)
         (instance,) = httpx.get(f"{gateway.url}/v1/functions/ok/instances", timeout=30).json()
         assert _left_on_host(instance["id"]), "the instance has cgroups and a sandbox folder"
         roles[0].process.kill()          # no cleanup runs; its instance ends with it (its death signal)
@@ -185,11 +183,7 @@ def test_a_stopping_worker_finishes_its_streams_and_hands_over_the_waiting_ones(
     """SIGINT to a worker whose one-slot instance streams (4 s) with a second stream waiting for
     the slot: the running stream ends with its terminator, well past the 1 s stop grace, and the
     waiting one is handed over and served whole by an instance on the other worker."""
-    env = {"DILU_DATABASE_URL": postgres_url, "DILU_REDIS_URL": REDIS_URL, "DILU_REDIS_PREFIX": redis_prefix,
-           "DILU_HOME": str(tmp_path / "home"), "DILU_PROFILING": "false", "DILU_STOP_GRACE_S": "1"}
-    migrated = subprocess.run([dilu_executable(), "migrate"], env={**os.environ, **env}, capture_output=True,
-                              text=True, timeout=120)
-    assert migrated.returncode == 0, migrated.stderr
+    env = _migrated(tmp_path, postgres_url, redis_prefix, DILU_STOP_GRACE_S="1")
     first = start_role(["worker"], {**env, "DILU_PORT": str(_free_port()), "DILU_WORKER_NAME": "first"},
                        tmp_path / "first.log")
     roles = [first, start_role(["controller"], env, tmp_path / "controller.log", wait_for_url=False)]
@@ -199,9 +193,7 @@ def test_a_stopping_worker_finishes_its_streams_and_hands_over_the_waiting_ones(
         source = shutil.copytree(FIXTURE_FUNCTIONS / "counter_stream", tmp_path / "counter")
         text = (source / "model.yaml").read_text().replace("max_instances: 1", "max_instances: 2")
         (source / "model.yaml").write_text(text)
-        deployed = subprocess.run([dilu_executable(), "deploy", str(source / "model.yaml")], capture_output=True,
-                                  env={**os.environ, **env, "DILU_URL": gateway.url}, text=True, timeout=180)
-        assert deployed.returncode == 0, deployed.stderr
+        _deploy(source, env, gateway.url)
         (instance,) = httpx.get(f"{gateway.url}/v1/functions/counter/instances", timeout=30).json()
         roles.append(start_role(["worker"], {**env, "DILU_PORT": str(_free_port()), "DILU_WORKER_NAME": "second"},
                                 tmp_path / "second.log"))
