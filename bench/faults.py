@@ -15,6 +15,7 @@ than 1 s, counted from the fault; 0 when none was), and until the function was b
 strength (both of its instances ready; a killed one replaced or adopted).
 
     python bench/faults.py [--requests 10000] [--clients 16] [--faults container,worker,...]
+    python bench/faults.py --edges      # the faults at a request's edges (bench/fault_edges.py)
 
 Targets: no request without a reply, nothing lost, recovery within 10 s.
 """
@@ -347,6 +348,8 @@ def main() -> None:
     parser.add_argument("--faults", default=",".join(FAULTS))
     parser.add_argument("--runtime", choices=("docker", "process"), default=None)
     parser.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
+    parser.add_argument("--edges", action="store_true", help="run the faults at a request's edges instead "
+                                                             "(streams, a second worker, callers who leave)")
     args = parser.parse_args()
     faults = [f for f in args.faults.split(",") if f]
     unknown = set(faults) - set(FAULTS)
@@ -354,6 +357,15 @@ def main() -> None:
         parser.error(f"unknown faults: {', '.join(sorted(unknown))}; known: {', '.join(FAULTS)}")
     work = Path(tempfile.mkdtemp(prefix="dilu-faults-"))
     work.chmod(0o755)   # the private PostgreSQL runs as the postgres user
+    if args.edges:
+        from fault_edges import print_edges, run
+
+        rows = run(work)
+        print_edges(rows)
+        print(f"logs: {work}")
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=2))
+        return
     bench = Bench(args, work)
     rows: list[dict] = []
     try:
