@@ -272,12 +272,12 @@ nodes:
 @pytest.mark.parametrize("price", ["0.5", None])
 def test_a_node_done_mid_request_leaves_when_its_memory_outweighs_a_stop_beside_the_running_nodes(
         start_platform, tmp_path: Path, price: str | None) -> None:
-    """A quick root (128 MiB) before a 1.5 s node, called every 4 s. At the default price its
+    """A quick root (128 MiB) before a 1.5 s node, called every 6 s. At the default price its
     1.5 s of waiting memory (0.002 s worth) are worth less than what a stop costs the running
     node (0.04 s): pre-warmed before each request, it stays until the request ends, then leaves.
     At a memory price of 0.5 s per GiB-second (0.094 s worth) it leaves as soon as its part is
     done (and, at that price, it is loaded when the request comes rather than pre-warmed). The
-    gaps leave 2.5 s for the pre-warm: room for a load up to 1.3 s on a busy host."""
+    gaps leave 4.5 s for the pre-warm: room for a load up to 3.3 s on a busy host."""
     # Two spare processes: the root and the long node each load from one, in a tenth of a second,
     # not from a fresh interpreter (seconds on a busy host, which the keep rule rightly holds).
     platform = start_platform(env={"DILU_SPARE_PROCESSES": "2",
@@ -287,11 +287,11 @@ def test_a_node_done_mid_request_leaves_when_its_memory_outweighs_a_stop_beside_
     spec = ("name: early\nloading: slack\nnodes:\n"
             "  - {name: a, function: quick}\n  - {name: b, function: long, after: [a]}\n")
     assert platform.http.post("/v1/workflows", json={"yaml": spec}).status_code in (200, 201)
-    first = _every(platform, "early", 3)
+    first = _every(platform, "early", 3, period=6.0)
     if not price:
-        eventually(lambda: _ready(platform, "quick"), timeout=4,
+        eventually(lambda: _ready(platform, "quick"), timeout=max(0.1, first + 18 - time.time()),
                    what="the root to be loaded again before the next request")
-    time.sleep(max(0.0, first + 12 - time.time()))
+    time.sleep(max(0.0, first + 18 - time.time()))
     sent = time.time()
     reply = platform.http.post("/v1/workflows/early/invoke", params={"timings": "true"}, json={"x": 1})
     answered = time.time()
@@ -317,7 +317,7 @@ def test_a_node_done_mid_request_leaves_when_its_memory_outweighs_a_stop_beside_
 
 def test_a_request_slower_than_its_plan_keeps_the_nodes_it_still_needs(start_platform, tmp_path: Path,
                                                                         instance_visible_dir: Path) -> None:
-    """Every 4 s, a root that answers at once before a leaf whose 0.3 s load would show: the leaf
+    """Every 6 s, a root that answers at once before a leaf whose 0.3 s load would show: the leaf
     is released after each request and pre-warmed before the next. Then one request's root runs
     2 s longer than it ever did. The leaf, loaded for that request, stays loaded until the request
     reaches it (the request's expectation lasts until its node is done, not until the plan's
@@ -335,12 +335,14 @@ def test_a_request_slower_than_its_plan_keeps_the_nodes_it_still_needs(start_pla
     spec = ("name: late\nloading: slack\nnodes:\n"
             "  - {name: a, function: gated}\n  - {name: b, function: after, after: [a]}\n")
     assert platform.http.post("/v1/workflows", json={"yaml": spec}).status_code in (200, 201)
-    first = _every(platform, "late", 3)
-    assert platform.http.get("/v1/workflows/late").json()["keep"]["b"]["verdict"] == "prewarm"
-    eventually(lambda: _ready(platform, "after"), timeout=4, what="the leaf to be loaded again before the next request")
+    first = _every(platform, "late", 3, period=6.0)
+    keep = platform.http.get("/v1/workflows/late").json()["keep"]      # decided before the answer
+    assert keep["b"]["verdict"] == "prewarm", keep
+    eventually(lambda: _ready(platform, "after"), timeout=max(0.1, first + 18 - time.time()),
+               what="the leaf to be loaded again before the next request")
     gate.unlink()
     started.unlink()
-    time.sleep(max(0.0, first + 12 - time.time()))
+    time.sleep(max(0.0, first + 18 - time.time()))
     sent = time.time()
     with ThreadPoolExecutor(1) as sender:
         reply = sender.submit(platform.http.post, "/v1/workflows/late/invoke", params={"timings": "true"},
