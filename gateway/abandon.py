@@ -15,8 +15,8 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-INVOKE = ("/v1/functions/", "/invoke")
-INFER = ("/v2/models/", "/infer")
+from gateway.fast_path import INFER_SUFFIX, INVOKE_PREFIX, INVOKE_SUFFIX, MODELS_PREFIX
+
 GENERATE = ("/v1/completions", "/v1/chat/completions")
 
 
@@ -25,8 +25,8 @@ def watched(method: str, path: str) -> bool:
     (not a deploy or a delete, which must not stop half-way)."""
     if method != "POST":
         return False
-    return (path.startswith(INVOKE[0]) and path.endswith(INVOKE[1])) or \
-        (path.startswith(INFER[0]) and path.endswith(INFER[1])) or path in GENERATE
+    return (path.startswith(INVOKE_PREFIX) and path.endswith(INVOKE_SUFFIX)) or \
+        (path.startswith(MODELS_PREFIX) and path.endswith(INFER_SUFFIX)) or path in GENERATE
 
 
 class LeavesWithCaller:
