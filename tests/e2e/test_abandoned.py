@@ -1,6 +1,7 @@
 """Work whose caller left stops: a request queued for a cold start leaves the queue, one queued
 at its instance leaves before its batch runs, and a generation answered as a whole stops, once
-the client closes its connection."""
+the client closes its connection (on /v1 invoke, the OpenAI routes, v2 REST) or cancels its
+call (gRPC)."""
 
 from __future__ import annotations
 
@@ -100,15 +101,68 @@ def test_a_generation_answered_whole_stops_when_its_caller_leaves(start_platform
     assert after.status_code == 200 and after.json() == {"counted": [1, 2]}, after.text
 
 
-def test_an_openai_completion_whose_caller_left_stops_its_generation(start_platform, tmp_path) -> None:
+def _one_slot_generator(start_platform, tmp_path: Path):
+    """A platform whose requests are bounded by 2 s, with a text generator of one slot (0.05 s
+    a token): a next request waiting out an abandoned 1000-token generation would fail."""
     platform = start_platform(env={"DILU_REQUEST_TIMEOUT_S": "2"})
     source = shutil.copytree(FIXTURE_FUNCTIONS / "slow_stream", tmp_path / "slow")
     text = (source / "model.yaml").read_text().replace("max_batch_size: 4", "max_batch_size: 1")
     (source / "model.yaml").write_text(text.replace("max_instances: 2", "max_instances: 1") + "model: {step_s: 0.05}\n")
     assert platform.cli("deploy", str(source / "model.yaml")).returncode == 0
+    return platform
+
+
+def _in_flight(platform, what: str) -> None:
+    eventually(lambda: platform.function("slow-stream")["in_flight_requests"] == 1, timeout=30, what=what)
+
+
+def test_an_openai_completion_whose_caller_left_stops_its_generation(start_platform, tmp_path) -> None:
+    platform = _one_slot_generator(start_platform, tmp_path)
     connection = _send(platform, "/v1/completions", {"model": "slow-stream", "prompt": "x", "max_tokens": 1000})
-    eventually(lambda: platform.function("slow-stream")["in_flight_requests"] == 1, timeout=30,
-               what="the long completion at its instance")
+    _in_flight(platform, "the long completion at its instance")
     connection.close()
     after = platform.http.post("/v1/completions", json={"model": "slow-stream", "prompt": "x", "max_tokens": 2})
     assert after.status_code == 200 and after.json()["choices"][0]["text"] == "xx", after.text
+
+
+def _text_inputs(max_tokens: int) -> list[dict]:
+    return [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["x"]},
+            {"name": "sampling_parameters", "datatype": "BYTES", "shape": [1],
+             "data": [json.dumps({"max_tokens": max_tokens})]}]
+
+
+def test_a_v2_inference_whose_caller_left_stops_its_generation(start_platform, tmp_path) -> None:
+    platform = _one_slot_generator(start_platform, tmp_path)
+    connection = _send(platform, "/v2/models/slow-stream/infer", {"inputs": _text_inputs(1000)})
+    _in_flight(platform, "the long inference at its instance")
+    connection.close()
+    after = platform.http.post("/v2/models/slow-stream/infer", json={"inputs": _text_inputs(2)})
+    assert after.status_code == 200 and after.json()["outputs"][0]["data"] == ["xx"], after.text
+    abandoned = 'dilu_gateway_requests_abandoned_total{function="slow-stream",stage="in_flight"}'
+    assert _metric(platform.http.get("/metrics").text, abandoned) == 1.0
+
+
+def test_a_grpc_inference_cancelled_by_its_caller_stops_its_generation(start_platform, tmp_path) -> None:
+    import numpy as np
+    import tritonclient.grpc as triton_grpc
+
+    def inputs(max_tokens: int) -> list:
+        made = []
+        for name, value in (("text_input", b"x"), ("sampling_parameters", json.dumps({"max_tokens": max_tokens}))):
+            tensor = triton_grpc.InferInput(name, [1], "BYTES")
+            tensor.set_data_from_numpy(np.array([value], dtype=object))
+            made.append(tensor)
+        return made
+
+    platform = _one_slot_generator(start_platform, tmp_path)
+    triton = triton_grpc.InferenceServerClient(platform.grpc_address)
+    try:
+        call = triton.async_infer("slow-stream", inputs(1000), callback=lambda result, error: None)
+        _in_flight(platform, "the long inference at its instance")
+        call.cancel()
+        after = triton.infer("slow-stream", inputs(2))
+        assert after.as_numpy("text_output")[0] == b"xx"
+    finally:
+        triton.close()
+    abandoned = 'dilu_gateway_requests_abandoned_total{function="slow-stream",stage="in_flight"}'
+    assert _metric(platform.http.get("/metrics").text, abandoned) == 1.0
