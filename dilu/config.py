@@ -45,6 +45,11 @@ class CommonSettings(BaseSettings):
                                                             "host; an open gateway refuses callers of them")
     stats_flush_s: float = Field(0.5, gt=0, description="How often the gateways' request counters reach the state "
                                                         "store (the controller reads a second once it is flushed)")
+    stop_drain_s: float = Field(30.0, ge=0, le=86400,
+                                description="When a role stops (SIGINT, SIGTERM): the most a worker's instances may "
+                                            "finish their streams (their max_stream_s, else drain_s, within this), "
+                                            "and a gateway's answers in flight; requests still waiting for an "
+                                            "instance go elsewhere at once (a gateway answers them 503)")
 
     @field_validator("instance_uids")
     @classmethod
@@ -212,10 +217,6 @@ class WorkerSettings(CommonSettings):
                            description="How long an instance being scaled in, updated or deleted may finish the "
                                        "requests and streams it serves (it ends at once when it serves none); a "
                                        "function's max_stream_s replaces it")
-    stop_drain_s: float = Field(30.0, ge=0, le=86400,
-                                description="When the worker itself stops (SIGINT, SIGTERM): the most its instances "
-                                            "may finish the streams they serve (their max_stream_s, else drain_s, "
-                                            "within this); requests waiting for a slot go to other instances at once")
     startup_timeout_s: float = Field(300.0, gt=0, description="Instance load must finish within this")
     python: str | None = Field(None, description="Interpreter for instances; this one when unset")
     spare_processes: int = Field(1, ge=0, le=16, description="Runtime pool: the least instance processes kept "

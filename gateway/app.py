@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -55,8 +56,27 @@ def create_app(build_services: Callable[[], Awaitable[GatewayServices]],
     return app
 
 
+STOPPING = "the gateway is stopping: retry (another gateway, or this one once it is back)"
+STOPPED = "the gateway stopped before the answer came: retry (another gateway, or this one once it is back)"
+
+
+class GatewayASGI(KeepsConnections):
+    """The app a server serves, with what that server calls when it starts stopping."""
+
+    def __init__(self, app: LeavesWithCaller, services_of: Callable[[], GatewayServices]) -> None:
+        super().__init__(AuthGate(app, services_of), services_of)
+        self._invocations = app
+
+    def begin_stop(self, drain_s: float) -> None:
+        """Requests waiting for an instance are answered 503 at once (they would hold the stop
+        up, and another gateway can serve them now); those in flight may finish for ``drain_s``,
+        then are answered 503, a stream with its error frame."""
+        self.services_of().routing.stop_queueing(STOPPING)
+        asyncio.get_running_loop().call_later(drain_s, self._invocations.end_all, STOPPED)
+
+
 def create_asgi(build_services: Callable[[], Awaitable[GatewayServices]],
-                release: Callable[[GatewayServices], Awaitable[None]] | None = None) -> KeepsConnections:
+                release: Callable[[GatewayServices], Awaitable[None]] | None = None) -> GatewayASGI:
     """The app to serve: the FastAPI app behind the fast path of the hot routes, both behind the
     end of invocations whose caller left, the key check, and the last answer to an unexpected
     error."""
@@ -65,4 +85,4 @@ def create_asgi(build_services: Callable[[], Awaitable[GatewayServices]],
         return app.state.services
 
     limited = BodyLimits(app, lambda: services().settings)
-    return KeepsConnections(AuthGate(LeavesWithCaller(FastPaths(limited, services)), services), services)
+    return GatewayASGI(LeavesWithCaller(FastPaths(limited, services)), services)

@@ -18,6 +18,11 @@ class NoInstance(Exception):
     """No instance became ready before the deadline, or the function cannot start."""
 
 
+class GatewayStopping(NoInstance):
+    """The gateway is stopping: a request that would wait for an instance is answered at once
+    (503, retry elsewhere) instead of holding the stop up."""
+
+
 @dataclass
 class _FunctionRoutes:
     endpoints: list[Endpoint] = field(default_factory=list)
@@ -58,6 +63,14 @@ class RoutingTable:
         self._functions: dict[str, _FunctionRoutes] = {}
         self._touched: set[str] = set()   # functions with a request routed or queued since ``busy()``
         self._busy: set[str] = set()
+        self._stopping: str | None = None
+
+    def stop_queueing(self, reason: str) -> None:
+        """The gateway is stopping: every request waiting for an instance, and any that would
+        wait from now on, raises GatewayStopping with ``reason``."""
+        self._stopping = reason
+        for entry in self._functions.values():
+            self._notify(entry)
 
     def _entry(self, function: str) -> _FunctionRoutes:
         entry = self._functions.get(function)
@@ -135,12 +148,14 @@ class RoutingTable:
         is ready.
 
         Raises QueueFull when the queue is at its bound, NoInstance on the deadline or when the
-        function cannot start.
+        function cannot start, GatewayStopping once ``stop_queueing`` is called.
         """
         endpoint = self.pick(function, exclude, avoid)
         if endpoint is not None:
             return endpoint
         entry = self._entry(function)
+        if self._stopping is not None:
+            raise GatewayStopping(self._stopping)
         if entry.failure:
             raise NoInstance(entry.failure)
         if entry.waiting >= self._queue_size:
@@ -156,6 +171,8 @@ class RoutingTable:
                 endpoint = choose_least_outstanding(entry.endpoints, entry.outstanding, exclude, self._avoid(avoid))
                 if endpoint is not None:
                     return endpoint
+                if self._stopping is not None:
+                    raise GatewayStopping(self._stopping)
                 if entry.failure:
                     raise NoInstance(entry.failure)
                 left = deadline - loop.time()

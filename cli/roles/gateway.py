@@ -19,6 +19,7 @@ from gateway.app import create_asgi
 from gateway.services import GatewayServices
 
 log = logging.getLogger(__name__)
+STOP_MARGIN_S = 2.0    # after the stop drain, for the answers that end it to go out
 
 
 def check_exposure(settings: GatewaySettings, sessions: sessionmaker[Session]) -> None:
@@ -54,7 +55,7 @@ def grpc_beside(settings: GatewaySettings, services_of: Callable[[], GatewayServ
             raise StartupError(f"{exc}; set DILU_GRPC_PORT to a free port, 0 for any, or -1 for no gRPC") from None
 
         async def stop() -> None:
-            await server.stop(grace=5)
+            await server.stop(grace=settings.stop_drain_s)   # calls in flight finish within the drain
 
         return stop, f"{settings.host}:{port}"
 
@@ -66,7 +67,10 @@ async def serve_gateway(settings: GatewaySettings, sock: socket.socket, on_ready
     """Serves the gateway app on ``sock`` (with gRPC beside it) until it is told to stop."""
     app = create_asgi(build)
     # No proxy-header rewriting: the gateway reads no client address, and it costs every request.
-    server = http_server(app, timeout_graceful_shutdown=10, timeout_keep_alive=KEEP_ALIVE_S, proxy_headers=False)
+    # The server's own bound comes after the drain's: by then the app has answered everything.
+    server = http_server(app, timeout_graceful_shutdown=settings.stop_drain_s + STOP_MARGIN_S,
+                         timeout_keep_alive=KEEP_ALIVE_S, proxy_headers=False)
+    server.on_stop.append(lambda: app.begin_stop(settings.stop_drain_s))
     await serve(server, sock, settings.host, on_ready, background, grpc_beside(settings, app.services_of))
 
 

@@ -58,15 +58,29 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def http_server(app: ASGIApp, **options: Any) -> uvicorn.Server:
+class Server(uvicorn.Server):
+    """A uvicorn server that says when it starts stopping: ``on_stop`` (each in turn) runs as
+    soon as it is told to stop, before it waits for the connections still open."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.on_stop: list[Callable[[], None]] = []
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for callback in self.on_stop:
+            callback()
+        await super().shutdown(sockets)
+
+
+def http_server(app: ASGIApp, **options: Any) -> Server:
     """A uvicorn server for ``app``, quiet (the roles log what matters themselves)."""
-    return uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, **options))
+    return Server(uvicorn.Config(app, log_level="warning", access_log=False, **options))
 
 
-async def serve(server: uvicorn.Server, sock: socket.socket, host: str, on_ready: OnReady | None,
+async def serve(server: Server, sock: socket.socket, host: str, on_ready: OnReady | None,
                 background: list[asyncio.Task], beside: Beside | None = None) -> None:
     """Runs uvicorn until it exits (Ctrl-C or SIGTERM), with ``background`` tasks beside it, and
-    the server ``beside`` starts once it is up (the gateway's gRPC)."""
+    the server ``beside`` starts once it is up (the gateway's gRPC; it stops alongside)."""
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:
         if serving.done():
@@ -81,13 +95,16 @@ async def serve(server: uvicorn.Server, sock: socket.socket, host: str, on_ready
             server.should_exit = True
             await serving
             raise
+    stopping_beside: list[asyncio.Task] = []
+    if stop_beside is not None:
+        server.on_stop.append(lambda: stopping_beside.append(asyncio.create_task(stop_beside())))
     if on_ready is not None:
         await on_ready(f"http://{host}:{sock.getsockname()[1]}", address)
     try:
         await serving
     finally:
         if stop_beside is not None:
-            await stop_beside()
+            await (stopping_beside[0] if stopping_beside else stop_beside())
         for task in background:
             task.cancel()
         for task in background:

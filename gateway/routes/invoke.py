@@ -24,7 +24,7 @@ from dilu.spec import retries_after_failure
 from gateway.docs import AUTH_ERRORS, SECURED, ErrorBody, errors
 from gateway.forward import InstanceFailed, InstanceTimeout, NotDelivered, Reply
 from gateway.metrics import ABANDONED, LATENCY, REQUESTS
-from gateway.routing import NoInstance, QueueFull
+from gateway.routing import GatewayStopping, NoInstance, QueueFull
 from gateway.services import FunctionEntry, GatewayServices
 from gateway.streams import Relay
 
@@ -175,6 +175,8 @@ async def _invoke(services: GatewayServices, name: str, next_chunk: BodyChunks,
         except asyncio.CancelledError:
             ABANDONED.labels(name, "queued").inc()      # its caller left (gateway.abandon)
             raise
+        except GatewayStopping as exc:
+            return _error(503, str(exc), headers={"retry-after": "1"})
         except NoInstance as exc:
             entry = services.functions.get(name)
             return _error(503 if entry is None or entry.status == FunctionStatus.FAILED else 504, str(exc))

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from dilu.messages import Endpoint
-from gateway.routing import NoInstance, QueueFull, RoutingTable, choose_least_outstanding
+from gateway.routing import GatewayStopping, NoInstance, QueueFull, RoutingTable, choose_least_outstanding
 
 A, B, C = Endpoint("a", "http://a"), Endpoint("b", "http://b"), Endpoint("c", "http://c")
 
@@ -79,6 +79,19 @@ async def test_deleted_function_releases_waiters() -> None:
     table.forget("f")
     with pytest.raises(NoInstance, match="deleted"):
         await waiter
+
+
+async def test_a_stopping_gateway_releases_its_waiters_and_queues_no_more_but_routes_the_ready() -> None:
+    table = RoutingTable(queue_size=4)
+    waiter = await queued_waiter(table)
+    table.set_endpoints("g", [A])
+    table.stop_queueing("stopping")
+    with pytest.raises(GatewayStopping, match="stopping"):
+        await waiter
+    with pytest.raises(GatewayStopping):
+        await table.wait_for_endpoint("f", 30)
+    assert await table.wait_for_endpoint("g", 30) == A     # a ready instance still serves
+    assert table.queued("f") == 0
 
 
 async def test_dropped_endpoint_is_not_chosen_until_refreshed() -> None:
