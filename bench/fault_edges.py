@@ -5,7 +5,8 @@ Two workers (separate processes) on the benchmark's private PostgreSQL and Redis
 runtime. Per fault: requests sent, answered whole, ended with an explicit error (a status, or a
 stream's error event), silently cut (a stream that ended without its terminator, or a connection
 closed without an answer), and lost (no answer at all within the phase); for callers who give
-up, the seconds from the last one leaving until the platform had freed their work.
+up, the seconds from the last one leaving until the platform had freed their work; for a gateway
+stopped (SIGINT) with 50 callers queued for a cold start, how long its stop took.
 
 Targets: 0 lost, 0 silently cut, abandoned work freed within 1 s.
 """
@@ -30,7 +31,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from faults import ROOT, PrivatePostgres, PrivateRedis, Role, free_port, wait_until
 
-EDGES = ("stream-kill", "worker-kill", "worker-stop", "abandon-queued", "abandon-long")
+EDGES = ("stream-kill", "worker-kill", "worker-stop", "abandon-queued", "abandon-long", "gateway-stop")
 FIXTURES = ROOT / "tests" / "fixtures" / "functions"
 STREAMING = """name: streams
 handler: handler:SlowStream
@@ -228,6 +229,37 @@ class Edges:
         return {"sent": 8, "freed_s": round(time.monotonic() - left, 2), "next": reply.status_code}
 
 
+    async def gateway_stop(self) -> dict:
+        """50 callers queue for a cold start (a 60 s load), then the gateway is told to stop;
+        each caller's answer is read, and the stop timed (runs last: the gateway stays down)."""
+        self.deploy("step", COLD.replace("name: cold", "name: cold-stop"), wait=False)
+        connections = [_send(self.url, "/v1/functions/cold-stop/invoke", {"x": n}) for n in range(50)]
+        wait_until(lambda: self.function("cold-stop")["queued_requests"] == 50, 60, "50 queued requests")
+        told = time.monotonic()
+        code = self.roles["gateway"].stop()
+        stop_s = time.monotonic() - told
+        rows = [_answer_kind(connection) for connection in connections]
+        return {"sent": 50, **_count(rows), "phase_s": round(stop_s, 2), "exit": code}
+
+
+def _answer_kind(connection: socket.socket) -> str:
+    """whole (a 2xx), error (a 4xx or 503 with a JSON error), cut (closed with no answer, or a
+    500), lost (no answer within 30 s)."""
+    reply = b""
+    try:
+        while chunk := connection.recv(65536):
+            reply += chunk
+    except TimeoutError:
+        return "lost"
+    finally:
+        connection.close()
+    status = reply.split(b" ", 2)[1] if reply.startswith(b"HTTP/1.1 ") else b""
+    if status.startswith(b"2"):
+        return "whole"
+    explicit = status.startswith(b"4") or status in (b"502", b"503", b"504")
+    return "error" if explicit and b'"error"' in reply else "cut"
+
+
 def _send(url: str, path: str, body: dict) -> socket.socket:
     address = urlsplit(url)
     connection = socket.create_connection((address.hostname, address.port), timeout=30)
@@ -271,7 +303,7 @@ def run(work: Path) -> list[dict]:
         edges.start()
         for name, phase in (("stream-kill", edges.stream_kill), ("worker-kill", edges.worker_kill),
                             ("worker-stop", edges.worker_stop), ("abandon-queued", edges.abandon_queued),
-                            ("abandon-long", edges.abandon_long)):
+                            ("abandon-long", edges.abandon_long), ("gateway-stop", edges.gateway_stop)):
             try:
                 rows.append({"fault": name, **asyncio.run(phase())})
             except (SystemExit, Exception) as exc:   # noqa: BLE001 - one phase's failure is its row
@@ -288,7 +320,8 @@ def print_edges(rows: list[dict]) -> None:
         if "failed" in row:
             print(f"{row['fault']:<15} failed: {row['failed']}")
             continue
-        note = f"phase {row['phase_s']} s" if "phase_s" in row else (f"next request {row['next']}" if "next" in row
+        note = (f"stop took {row['phase_s']} s, exit {row['exit']}" if "exit" in row else
+                f"phase {row['phase_s']} s") if "phase_s" in row else (f"next request {row['next']}" if "next" in row
                                                                        else "")
         print(f"{row['fault']:<15} {row['sent']:>5} {row.get('whole', '-'):>6} {row.get('error', '-'):>6} "
               f"{row.get('cut', '-'):>4} {row.get('lost', '-'):>5} {row.get('freed_s', '-'):>8}  {note}")
