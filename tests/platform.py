@@ -7,12 +7,14 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -145,6 +147,16 @@ class Platform:
     def invoke(self, name: str, payload: Any) -> httpx.Response:
         return self.http.post(f"/v1/functions/{name}/invoke", content=json.dumps(payload),
                               headers={"content-type": "application/json"})
+
+    def send_unread(self, path: str, body: Any) -> socket.socket:
+        """A JSON POST sent on a connection of its own, whose answer nobody reads yet; close the
+        socket to leave, as a caller who gives up does."""
+        address = urlsplit(self.url)
+        connection = socket.create_connection((address.hostname, address.port), timeout=60)
+        data = json.dumps(body).encode()
+        connection.sendall(f"POST {path} HTTP/1.1\r\nhost: {address.netloc}\r\ncontent-type: application/json\r\n"
+                           f"content-length: {len(data)}\r\n\r\n".encode() + data)
+        return connection
 
     def deploy_file(self, spec_file: Path, yaml_text: str | None = None) -> httpx.Response:
         return self.http.post("/v1/functions", json={

@@ -8,24 +8,12 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import httpx
 
 from tests.conftest import FIXTURE_FUNCTIONS
 from tests.waiting import eventually
-
-
-def _send(platform, path: str, body: dict) -> socket.socket:
-    """A request sent on a connection of its own, whose answer nobody reads; close it to leave."""
-    address = urlsplit(platform.url)
-    connection = socket.create_connection((address.hostname, address.port), timeout=30)
-    data = json.dumps(body).encode()
-    connection.sendall(f"POST {path} HTTP/1.1\r\nhost: {address.netloc}\r\ncontent-type: application/json\r\n"
-                       f"content-length: {len(data)}\r\n\r\n".encode() + data)
-    return connection
 
 
 def _metric(text: str, name: str, labels: str = "") -> float:
@@ -48,7 +36,7 @@ def test_a_request_queued_for_a_cold_start_leaves_the_queue_with_its_caller(star
     platform = start_platform()
     _deploy_step(platform, tmp_path, "cold", "{op: add, load_s: 60}", "min_instances: 0, max_instances: 1",
                  wait=False)
-    connection = _send(platform, "/v1/functions/cold/invoke", {"x": 1})
+    connection = platform.send_unread("/v1/functions/cold/invoke", {"x": 1})
     eventually(lambda: platform.function("cold")["queued_requests"] == 1, timeout=30, what="the request queued")
     connection.close()
     eventually(lambda: platform.function("cold")["queued_requests"] == 0, timeout=10,
@@ -68,9 +56,9 @@ def test_a_request_queued_at_its_instance_leaves_before_its_batch_runs(start_pla
     def instance_metric(name: str) -> float:
         return _metric(httpx.get(instance["endpoint"] + "/metrics", timeout=10).text, name)
 
-    holding = _send(platform, "/v1/functions/gated/invoke", {"x": 1})
+    holding = platform.send_unread("/v1/functions/gated/invoke", {"x": 1})
     eventually(lambda: (instance_visible_dir / "gate.started").exists(), timeout=30, what="the first to hold")
-    leaving = _send(platform, "/v1/functions/gated/invoke", {"x": 2})
+    leaving = platform.send_unread("/v1/functions/gated/invoke", {"x": 2})
     eventually(lambda: instance_metric("dilu_instance_queued_requests") == 1, timeout=30,
                what="the second request queued at the instance")
     leaving.close()
@@ -93,7 +81,7 @@ def test_a_generation_answered_whole_stops_when_its_caller_leaves(start_platform
     platform = start_platform(env={"DILU_REQUEST_TIMEOUT_S": "2"})
     assert platform.cli("deploy", str(FIXTURE_FUNCTIONS / "counter_stream" / "model.yaml")).returncode == 0
     platform.wait_ready("counter")
-    connection = _send(platform, "/v1/functions/counter/invoke", {"to": 1000, "step_s": 0.05})
+    connection = platform.send_unread("/v1/functions/counter/invoke", {"to": 1000, "step_s": 0.05})
     eventually(lambda: platform.function("counter")["in_flight_requests"] == 1, timeout=30,
                what="the long request at its instance")
     connection.close()
@@ -118,7 +106,7 @@ def _in_flight(platform, what: str) -> None:
 
 def test_an_openai_completion_whose_caller_left_stops_its_generation(start_platform, tmp_path) -> None:
     platform = _one_slot_generator(start_platform, tmp_path)
-    connection = _send(platform, "/v1/completions", {"model": "slow-stream", "prompt": "x", "max_tokens": 1000})
+    connection = platform.send_unread("/v1/completions", {"model": "slow-stream", "prompt": "x", "max_tokens": 1000})
     _in_flight(platform, "the long completion at its instance")
     connection.close()
     after = platform.http.post("/v1/completions", json={"model": "slow-stream", "prompt": "x", "max_tokens": 2})
@@ -133,7 +121,7 @@ def _text_inputs(max_tokens: int) -> list[dict]:
 
 def test_a_v2_inference_whose_caller_left_stops_its_generation(start_platform, tmp_path) -> None:
     platform = _one_slot_generator(start_platform, tmp_path)
-    connection = _send(platform, "/v2/models/slow-stream/infer", {"inputs": _text_inputs(1000)})
+    connection = platform.send_unread("/v2/models/slow-stream/infer", {"inputs": _text_inputs(1000)})
     _in_flight(platform, "the long inference at its instance")
     connection.close()
     after = platform.http.post("/v2/models/slow-stream/infer", json={"inputs": _text_inputs(2)})

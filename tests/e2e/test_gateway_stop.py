@@ -9,19 +9,9 @@ import json
 import shutil
 import socket
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from tests.conftest import FIXTURE_FUNCTIONS
 from tests.waiting import eventually
-
-
-def _send(platform, path: str, body: dict) -> socket.socket:
-    address = urlsplit(platform.url)
-    connection = socket.create_connection((address.hostname, address.port), timeout=60)
-    data = json.dumps(body).encode()
-    connection.sendall(f"POST {path} HTTP/1.1\r\nhost: {address.netloc}\r\ncontent-type: application/json\r\n"
-                       f"content-length: {len(data)}\r\n\r\n".encode() + data)
-    return connection
 
 
 def _answer(connection: socket.socket) -> tuple[str, dict]:
@@ -44,9 +34,9 @@ def test_a_stopping_gateway_answers_queued_and_unfinished_work(start_platform, t
     (slow / "model.yaml").write_text((slow / "model.yaml").read_text() + "model: {step_s: 0.05}\n")
     assert platform.cli("deploy", str(slow / "model.yaml")).returncode == 0
 
-    queued = _send(platform, "/v1/functions/cold/invoke", {"x": 1})
+    queued = platform.send_unread("/v1/functions/cold/invoke", {"x": 1})
     eventually(lambda: platform.function("cold")["queued_requests"] == 1, timeout=30, what="the request queued")
-    whole = _send(platform, "/v1/functions/slow-stream/invoke", {"max_new_tokens": 2000})
+    whole = platform.send_unread("/v1/functions/slow-stream/invoke", {"max_new_tokens": 2000})
     with platform.http.stream("POST", "/v1/functions/slow-stream/invoke", json={"max_new_tokens": 2000},
                               headers={"accept": "application/x-ndjson"}) as stream:
         lines = stream.iter_lines()
