@@ -64,7 +64,7 @@ class GatewayASGI(KeepsConnections):
     """The app a server serves, with what that server calls when it starts stopping."""
 
     def __init__(self, app: LeavesWithCaller, services_of: Callable[[], GatewayServices]) -> None:
-        super().__init__(AuthGate(app, services_of), services_of)
+        super().__init__(AuthGate(app, lambda: services_of().auth), services_of)
         self._invocations = app
 
     def begin_stop(self, drain_s: float) -> None:

@@ -18,7 +18,6 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -27,9 +26,6 @@ from dilu.db import repo
 from dilu.keys import Need, allows, parse, secret_matches
 from dilu.peers import PeerUids
 from gateway.origin import refusal
-
-if TYPE_CHECKING:   # the services hold the authenticator: a cycle at run time
-    from gateway.services import GatewayServices
 
 log = logging.getLogger(__name__)
 MISS_REFRESH_S = 1.0   # a key unknown here is looked up in the database at most this often
@@ -49,8 +45,11 @@ class Denied:
 
 class Authenticator:
     def __init__(self, sessions: sessionmaker[Session], admin_key: str | None = None,
-                 always_closed: bool = False, instance_uids: tuple[int, int] | None = None) -> None:
-        """``instance_uids``: the range instances run as; an open platform refuses their callers."""
+                 always_closed: bool = False, instance_uids: tuple[int, int] | None = None,
+                 metrics_public: bool = True) -> None:
+        """``instance_uids``: the range instances run as; an open platform refuses their callers.
+        ``metrics_public``: /metrics needs no key."""
+        self.metrics_public = metrics_public
         self._sessions = sessions
         self._instance_uids = instance_uids
         self._peers = PeerUids()
@@ -172,32 +171,29 @@ class AuthGate:
     """ASGI wrapper: refuses requests whose key does not allow the route, before the app (or the
     invoke fast path) reads them."""
 
-    def __init__(self, app: ASGIApp, services_of: Callable[[], GatewayServices]) -> None:
+    def __init__(self, app: ASGIApp, authenticator_of: Callable[[], Authenticator]) -> None:
+        """``authenticator_of``: the gateway's, once the app has started."""
         self.app = app
-        self._services_of = services_of
-
-    def services_of(self) -> GatewayServices:
-        """The gateway's services, once the app has started (the gRPC service reaches them here)."""
-        return self._services_of()
+        self._authenticator_of = authenticator_of
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            services = self._services_of()
-            if not services.auth.required and scope["path"] != "/healthz":
+            auth = self._authenticator_of()
+            if not auth.required and scope["path"] != "/healthz":
                 why = refusal(scope["method"], _origin_headers(scope["headers"])) or \
-                    services.auth.instance_refusal(scope.get("client"), scope.get("server"))
+                    auth.instance_refusal(scope.get("client"), scope.get("server"))
                 if why is not None:
                     await _send_denied(send, Denied(403, why))
                     return
-            need, function = need_for(scope["method"], scope["path"], services.settings.metrics_public)
+            need, function = need_for(scope["method"], scope["path"], auth.metrics_public)
             if need is not None:
                 header = authorization_header(scope["headers"])
-                denied = await services.auth.check(header, need, function)
+                denied = await auth.check(header, need, function)
                 if denied is not None:
                     await _send_denied(send, denied)
                     return
-                if services.auth.required:   # routes that show more to admins read it here
-                    scope.setdefault("state", {})[SCOPES_KEY] = await services.auth.scopes(header)
+                if auth.required:   # routes that show more to admins read it here
+                    scope.setdefault("state", {})[SCOPES_KEY] = await auth.scopes(header)
         await self.app(scope, receive, send)
 
 

@@ -3,7 +3,7 @@
 
 FastAPI's middleware, routing and dependency machinery cost more CPU per request than the
 forwarding itself, so this ASGI wrapper takes these two routes straight to the code their
-documented FastAPI routes also call (``handle_invoke``, ``answer_infer``); every other request
+documented FastAPI routes also call (the ``Invoker``, ``answer_infer``); every other request
 goes on to the app. It sits behind the key check (``AuthGate``), like the app.
 """
 
@@ -13,8 +13,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from gateway.invocation import Invocation
 from gateway.limits import read_capped, receive_chunks
-from gateway.routes.invoke import handle_invoke
 from gateway.services import GatewayServices
 from gateway.streams import Relay
 from gateway.v2.rest import answer_infer
@@ -105,8 +105,8 @@ class FastPaths:
                 return b"", False
             return message.get("body", b""), message.get("more_body", False)
 
-        outcome = await handle_invoke(self._services_of(), name, next_chunk, _header(scope, b"content-length"),
-                                      accept=_header(scope, b"accept"))
+        outcome = await self._services_of().invoker.invoke(Invocation(
+            name, next_chunk, _header(scope, b"content-length"), accept=_header(scope, b"accept")))
         if outcome.relay is not None:
             await _relay(outcome.relay, outcome.content_type, outcome.headers, receive, send)
             return

@@ -22,7 +22,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from dilu.keys import Need, allows
-from gateway.routes.invoke import Outcome, invoke_body
+from gateway.invocation import Invocation, Outcome
 from gateway.services import GatewayServices
 from gateway.streams import StreamError
 from gateway.text_input import TextInputError, generation_input
@@ -120,7 +120,7 @@ async def _generate(request: Request, chat: bool) -> Response:
                 raise OpenAIError(404, f"the model {model!r} does not exist or is not a text generator "
                                        "(generates: text in its spec)", param="model", code="model_not_found")
         payload = _function_input(body, chat)
-        outcome = await invoke_body(services, model, orjson.dumps(payload), accept=NDJSON)
+        outcome = await services.invoker.invoke(Invocation.of_body(model, orjson.dumps(payload), accept=NDJSON))
         if outcome.relay is None:
             message = outcome.body.decode("utf-8", "replace")
             try:

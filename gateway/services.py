@@ -6,12 +6,10 @@ Built once in the app's lifespan (never at import time) and reached through ``ga
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -23,113 +21,22 @@ from dilu.db import repo
 from dilu.db.models import InstanceRow
 from dilu.default_impl import create_scheduler
 from dilu.failures import OUTAGES, FailureLog, describe
-from dilu.messages import READY, Endpoint, FunctionStatus, InstanceRole
-from dilu.spec import SpecModel
+from dilu.messages import READY, Endpoint, InstanceRole
 from dilu.state.base import Channel, StateStore, follow
 from dilu.worker_client import WorkerDirectory
-from dilu.workflows.hints import WorkflowHints
+from gateway.activity import ActivityRecorder
 from gateway.auth import Authenticator
-from gateway.dashboard.view import LatencyWindow, ShareHistory, sample
+from gateway.catalogue import FunctionCache
+from gateway.dashboard.view import ShareHistory, sample
 from gateway.forward import Forwarder
+from gateway.invocation import Invoker
 from gateway.routing import RoutingTable
 from gateway.streams import StreamTimes
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class FunctionEntry:
-    name: str
-    version: int
-    status: str
-    error: str | None
-    spec: dict[str, Any]
-    cold_start_s: float | None = None   # the current version's loading stages, summed (None: never started)
-
-    @functools.cached_property
-    def model(self) -> SpecModel:
-        """The spec, typed; read once per version (entries are replaced, never changed)."""
-        return SpecModel.model_validate(self.spec)
-
-
 FUNCTIONS_RESYNC_S = 120.0
-
-
-class FunctionCache:
-    """Specs and statuses of deployed functions, refreshed on events and periodically."""
-
-    def __init__(self, sessions: sessionmaker[Session], routing: RoutingTable) -> None:
-        self._sessions = sessions
-        self._routing = routing
-        self._entries: dict[str, FunctionEntry] = {}
-
-    def get(self, name: str) -> FunctionEntry | None:
-        return self._entries.get(name)
-
-    def names(self) -> list[str]:
-        return list(self._entries)
-
-    def _load(self, name: str | None) -> list[FunctionEntry]:
-        with self._sessions() as session:
-            rows = ([repo.get_function(session=session, name=name)] if name
-                    else repo.list_functions(session=session))
-            cold = repo.loading_totals(session=session)
-            return [FunctionEntry(r.name, r.version, r.status, r.error, r.spec, cold.get((r.name, r.version)))
-                    for r in rows if r is not None]
-
-    async def refresh(self, name: str | None = None) -> None:
-        """Reloads one function (or all) from the database."""
-        entries = await asyncio.to_thread(self._load, name)
-        found = {entry.name: entry for entry in entries}
-        gone = ([name] if name and name not in found else
-                [] if name else [n for n in self._entries if n not in found])
-        for missing in gone:
-            self._entries.pop(missing, None)
-            self._routing.forget(missing)
-        for entry in entries:
-            self._entries[entry.name] = entry
-            self._routing.set_failure(entry.name, entry.error if entry.status == FunctionStatus.FAILED else None)
-
-
-class ActivityRecorder:
-    """Counts requests locally and flushes them to the state store, so the hot path does no I/O;
-    beside each function's load it publishes its workflows' hint (``hints``)."""
-
-    def __init__(self, routing: RoutingTable) -> None:
-        self._routing = routing
-        self._counts: dict[str, dict[int, int]] = {}
-        self._last_request: dict[str, float] = {}
-        self.hints = WorkflowHints()
-
-    def started(self, function: str, direct: bool = True) -> None:
-        now = time.time()
-        if direct:
-            self.hints.direct(function, now)
-        per_second = self._counts.setdefault(function, {})
-        second = int(now)
-        per_second[second] = per_second.get(second, 0) + 1
-        self._last_request[function] = now
-
-    def answered(self, function: str) -> None:
-        """An instance of ``function`` answered (or failed) a request: the function is idle from
-        now, not from when the request began (``last_request_at``, which its keep-alive counts
-        from: a request longer than the keep-alive had its instance stopped as it answered)."""
-        self._last_request[function] = time.time()
-
-    def take(self) -> tuple[dict[str, dict[str, Any]], dict[str, dict[int, int]]]:
-        """The snapshot to publish and the counts gathered since the last call."""
-        counts, self._counts = self._counts, {}
-        hints = self.hints.snapshot(time.time())
-        # Only functions with something to say: an absent one reads as idle (no requests in
-        # flight or queued), so an idle catalogue of thousands costs nothing per flush.
-        busy = self._routing.busy()
-        snapshot = {
-            name: {"in_flight": self._routing.in_flight(name), "queued": self._routing.queued(name),
-                   "last_request_at": self._last_request.get(name),
-                   "workflow": hints[name].to_wire() if name in hints else None}
-            for name in busy | set(self._last_request) | set(hints)
-        }
-        return snapshot, counts
 
 
 class GatewayServices:
@@ -148,12 +55,12 @@ class GatewayServices:
         self.forwarder = Forwarder()
         self.scheduler = create_scheduler(settings.scheduler)  # admits resizes as placements are admitted
         self.auth = Authenticator(sessions, settings.admin_key, always_closed=not is_loopback(settings.host),
-                                  instance_uids=parse_range(settings.instance_uids))
-        self.latency = LatencyWindow()     # the dashboard's p99 of what it served, end to end
+                                  instance_uids=parse_range(settings.instance_uids),
+                                  metrics_public=settings.metrics_public)
         self.stream_times = StreamTimes()  # time to first chunk and between chunks, for describe
-        # What a request takes once an instance has it (waits for a cold start left out): the
-        # expected time of a workflow's node, which the plan of its loads builds on.
-        self.service_time = LatencyWindow()
+        self.invoker = Invoker(settings=settings, functions=self.functions, routing=self.routing,
+                               forwarder=self.forwarder, activity=self.activity, signal_demand=self.signal_demand,
+                               stream_times=self.stream_times)
         self._background: set[asyncio.Task] = set()
         self.shares = ShareHistory()       # the dashboard's granted/used shares over time
         self._tasks: list[asyncio.Task] = []

@@ -6,7 +6,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from dilu.workflows.loading import Invoked
-from gateway.routes.invoke import invoke_body
+from gateway.invocation import Invocation
 from gateway.services import GatewayServices
 
 
@@ -28,12 +28,13 @@ class GatewayPlatform:
         return bool(self._services.routing.endpoints(function))
 
     def service_time_s(self, function: str, now: float) -> float | None:
-        return self._services.service_time.median_s(function, now)
+        return self._services.invoker.service_time.median_s(function, now)
 
     async def invoke(self, function: str, body: bytes) -> Invoked:
         # A node's input is its parent's output: bounded by what the parent could send back.
         limit = max(self._services.settings.max_request_bytes, len(body))
-        outcome = await invoke_body(self._services, function, body, max_bytes=limit, from_workflow=True)
+        outcome = await self._services.invoker.invoke(Invocation.of_body(function, body, max_bytes=limit,
+                                                                           from_workflow=True))
         return Invoked(outcome.status, outcome.body, outcome.queued_s)
 
     async def until_routable(self, function: str, timeout_s: float) -> bool:

@@ -89,5 +89,5 @@ async def dashboard(services: ServicesDep,
     workers, functions, total, instances, profiles, events = await asyncio.to_thread(read)
     return build(now=now, gateway=services.gateway_id, workers=workers, functions=functions,
                  instances=instances, profiles=profiles, events=events, activity=activity, telemetry=telemetry,
-                 latency=services.latency, history=services.shares, streams=services.stream_times.summary,
+                 latency=services.invoker.latency, history=services.shares, streams=services.stream_times.summary,
                  functions_total=total)

@@ -22,25 +22,24 @@ import numpy as np
 import orjson
 
 from dilu.instance_protocol import NOT_STREAMING_HEADER
-from dilu.spec import SpecModel, TensorSpec
-from gateway.routes.invoke import invoke_body
+from gateway.invocation import Invocation
 from gateway.services import GatewayServices
 from gateway.streams import StreamError
 from gateway.text_input import TextInputError, generation_input
-from gateway.v2.inference import Inference, Model, ProtocolError, Result, error_message, infer, outputs_of, request_body
+from gateway.v2.inference import (
+    TEXT_OUTPUT,
+    Inference,
+    Model,
+    ProtocolError,
+    Result,
+    error_message,
+    infer_tensors,
+    outputs_of,
+    request_body,
+)
 
 NDJSON = "application/x-ndjson"
-TEXT_INPUTS = [TensorSpec(name="text_input", datatype="BYTES", shape=[1]),
-               TensorSpec(name="stream", datatype="BOOL", shape=[1]),
-               TensorSpec(name="sampling_parameters", datatype="BYTES", shape=[1]),
-               TensorSpec(name="exclude_input_in_output", datatype="BOOL", shape=[1])]
-TEXT_OUTPUT = TensorSpec(name="text_output", datatype="BYTES", shape=[1])
 SAMPLING_KEYS = ("max_tokens", "temperature", "stop")
-
-
-def with_text_tensors(spec: SpecModel) -> SpecModel:
-    """A text generator's spec as the protocol sees it: the text tensors declared."""
-    return spec.model_copy(update={"inputs": TEXT_INPUTS, "outputs": [TEXT_OUTPUT]})
 
 
 def _one(array: np.ndarray, name: str) -> Any:
@@ -88,7 +87,8 @@ async def _open(services: GatewayServices, model: Model, body: bytes | memoryvie
                 tensors: str | None = None) -> Any:
     """The relay of a stream request; None when the function does not stream."""
     kwargs = {"content_type": content_type, "tensors": tensors} if content_type else {}
-    outcome = await invoke_body(services, model.name, body, max_bytes=len(body), accept=NDJSON, **kwargs)
+    outcome = await services.invoker.invoke(Invocation.of_body(model.name, body, max_bytes=len(body),
+                                                               accept=NDJSON, **kwargs))
     if outcome.relay is not None:
         return outcome.relay
     if outcome.status == 400 and outcome.headers.get(NOT_STREAMING_HEADER):
@@ -133,10 +133,17 @@ async def stream_results(services: GatewayServices, model: Model, request: Infer
     tensors, body, content_type = request_body(model, request)
     relay = await _open(services, model, body, content_type, tensors)
     if relay is None:   # not decoupled: its one whole result
-        yield await infer(services, model, request)
+        yield await infer_tensors(services, model, request)
         return
     try:
         async for chunk in relay.json_lines():
             yield Result(model=model, outputs=outputs_of(model, chunk, request.outputs), id=request.id)
     except StreamError as exc:
         raise ProtocolError(exc.status, exc.message) from None
+
+
+async def infer(services: GatewayServices, model: Model, request: Inference) -> Result:
+    """One request answered once: a text generator's whole text, else the function's tensors."""
+    if model.text:
+        return await whole_text(services, model, request)
+    return await infer_tensors(services, model, request)

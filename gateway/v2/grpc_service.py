@@ -29,7 +29,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from dilu.keys import Need
 from gateway.services import GatewayServices
-from gateway.v2.generation import stream_results
+from gateway.v2.generation import infer, stream_results
 from gateway.v2.inference import (
     EXTENSIONS,
     NO_SHARED_MEMORY,
@@ -39,7 +39,6 @@ from gateway.v2.inference import (
     ProtocolError,
     Result,
     find_model,
-    infer,
 )
 from gateway.v2.rest import VERSION
 from gateway.v2.tensors import TensorError, check_header, element_count, from_binary, from_json, to_binary

@@ -1,7 +1,7 @@
 """What both transports of the inference protocol (REST and gRPC) share: finding the model and
 running one inference through Dilu's own invoke path.
 
-A v2 request becomes one ordinary invocation handed to ``handle_invoke`` (``{input name: nested
+A v2 request becomes one ordinary invocation handed to the gateway's ``Invoker`` (``{input name: nested
 list}`` as JSON, or for a function that takes arrays the tensors' own bytes in a frame), so it
 waits in the same cold-start queue, is batched with Dilu's own requests, counts for scaling and
 shows in the same metrics. Models are functions that declare
@@ -20,8 +20,9 @@ import orjson
 from dilu import tensor_frames as frames
 from dilu.messages import FunctionStatus
 from dilu.spec import SpecModel, TensorSpec
-from gateway.routes.invoke import JSON, invoke_body
-from gateway.services import FunctionEntry, GatewayServices
+from gateway.catalogue import FunctionEntry
+from gateway.invocation import JSON, Invocation
+from gateway.services import GatewayServices
 from gateway.v2.tensors import TensorError, from_handler, handler_body
 
 SERVER_NAME = "dilu"
@@ -93,6 +94,19 @@ class Result:
     headers: dict[str, str] = field(default_factory=dict)
 
 
+# A text generator that declares no tensors has those of Triton's LLM backends (gateway.v2.generation).
+TEXT_INPUTS = [TensorSpec(name="text_input", datatype="BYTES", shape=[1]),
+               TensorSpec(name="stream", datatype="BOOL", shape=[1]),
+               TensorSpec(name="sampling_parameters", datatype="BYTES", shape=[1]),
+               TensorSpec(name="exclude_input_in_output", datatype="BOOL", shape=[1])]
+TEXT_OUTPUT = TensorSpec(name="text_output", datatype="BYTES", shape=[1])
+
+
+def with_text_tensors(spec: SpecModel) -> SpecModel:
+    """A text generator's spec as the protocol sees it: the text tensors declared."""
+    return spec.model_copy(update={"inputs": TEXT_INPUTS, "outputs": [TEXT_OUTPUT]})
+
+
 async def find_model(services: GatewayServices, name: str, version: str | None = None) -> Model:
     """The model ``name`` (at ``version``, when given), or a 404 naming what is missing."""
     entry: FunctionEntry | None = services.functions.get(name)
@@ -103,8 +117,6 @@ async def find_model(services: GatewayServices, name: str, version: str | None =
         raise ProtocolError(404, f"model {name!r} not found")
     spec, text = entry.model, False
     if not spec.serves_v2 and spec.generates == "text":
-        from gateway.v2.generation import with_text_tensors  # it builds on this module
-
         spec, text = with_text_tensors(spec), True
     if not spec.serves_v2:
         raise ProtocolError(404, f"function {name!r} does not declare its tensors (inputs and outputs in its "
@@ -166,19 +178,15 @@ def outputs_of(model: Model, produced: Any, wanted: list[str] | None) -> list[tu
     return outputs
 
 
-async def infer(services: GatewayServices, model: Model, request: Inference) -> Result:
+async def infer_tensors(services: GatewayServices, model: Model, request: Inference) -> Result:
     """Runs ``request`` on ``model`` through Dilu's invoke path; outputs in the order asked for."""
-    if model.text:
-        from gateway.v2.generation import whole_text  # it builds on this module
-
-        return await whole_text(services, model, request)
     if request.outputs:
         for name in request.outputs:
             model.output(name)
     tensors, body, content_type = request_body(model, request)
     # The body was bounded on the wire; its JSON form may be larger (numbers as text).
-    outcome = await invoke_body(services, model.name, body, max_bytes=len(body), content_type=content_type,
-                                tensors=tensors)
+    outcome = await services.invoker.invoke(Invocation.of_body(model.name, body, max_bytes=len(body),
+                                                               content_type=content_type, tensors=tensors))
     if outcome.status != 200:
         raise ProtocolError(outcome.status, error_message(outcome.body))
     try:

@@ -19,7 +19,8 @@ from gateway.docs import AUTH_ERRORS, SECURED, errors
 from gateway.errors import error_response
 from gateway.limits import BodyTooLarge, read_capped
 from gateway.services import GatewayServices
-from gateway.v2.inference import EXTENSIONS, NO_SHARED_MEMORY, SERVER_NAME, ProtocolError, find_model, infer
+from gateway.v2.generation import infer
+from gateway.v2.inference import EXTENSIONS, NO_SHARED_MEMORY, SERVER_NAME, ProtocolError, find_model
 from gateway.v2.rest_wire import HEADER_LENGTH, decode_request, encode_response
 
 router = APIRouter(prefix="/v2", tags=["inference protocol (v2)"])
