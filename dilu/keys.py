@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from enum import StrEnum
 
 KEY_PATTERN = re.compile(r"dilu_([0-9a-f]{12})_([A-Za-z0-9_-]{43})")
-SCOPE_PATTERN = re.compile(r"admin|read|invoke(:[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)?")
+SCOPE_PATTERN = re.compile(r"admin|read|invoke(:[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?)?")
 
 
 class Need(StrEnum):

@@ -17,8 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from dilu.limits import LimitExceeded, check_yaml
 from dilu.slices import MAX_SHARE, MIN_SHARE, ComputeSlice
 
-NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
-NAME_FRAGMENT_PATTERN = r"^[a-z0-9-]{0,63}$"   # a part of a name, as a filter matches it ("-" alone too)
+# Lower-case letters, digits, "-" and "_" (Triton's model names, such as simple_string, hold "_").
+NAME_PATTERN = r"^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$"
+NAME_FRAGMENT_PATTERN = r"^[a-z0-9_-]{0,63}$"   # a part of a name, as a filter matches it ("-" alone too)
 HANDLER_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
 _MEMORY_UNITS = {
     "": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
@@ -149,7 +150,7 @@ def _unique_names(tensors: list[TensorSpec], what: str) -> None:
 class SpecModel(_Strict):
     """The YAML document, field by field (this is what ``dilu spec schema`` prints)."""
 
-    name: str = Field(..., pattern=NAME_PATTERN, description="DNS-style function name")
+    name: str = Field(..., pattern=NAME_PATTERN, description="Function name: lower-case letters, digits, - and _ (at most 63)")
     handler: str = Field(..., pattern=HANDLER_PATTERN,
                          description="module:Class, the module resolved relative to the spec's folder")
     model: dict[str, Any] = Field(default_factory=dict, description="Options passed to the handler")

@@ -173,9 +173,9 @@ NAME_FRAGMENT = re.compile(NAME_FRAGMENT_PATTERN)
 def _named_like(query: Any, containing: str) -> Any:
     if not containing:
         return query
-    if not NAME_FRAGMENT.fullmatch(containing):   # a name's own characters: nothing LIKE reads as a wildcard
+    if not NAME_FRAGMENT.fullmatch(containing):   # a name's own characters only
         raise ValueError(f"cannot match function names on {containing!r}")
-    return query.where(FunctionRow.name.contains(containing))
+    return query.where(FunctionRow.name.contains(containing, autoescape=True))   # "_" is not LIKE's wildcard
 
 
 MAX_NAMES_IN_QUERY = 500

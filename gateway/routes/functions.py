@@ -145,7 +145,7 @@ async def deploy(body: DeployRequest, request: Request, response: Response, serv
 def list_functions(request: Request, response: Response, session: SessionDep, services: ServicesDep,
                    limit: int | None = Query(None, ge=1, le=MAX_PAGE, description="Functions per page (all when "
                                                                                   "unset)"),
-                   cursor: str | None = Query(None, max_length=128, pattern=r"^[a-z0-9-]+$",
+                   cursor: str | None = Query(None, max_length=128, pattern=r"^[a-z0-9_-]+$",
                                               description="x-next-cursor of the previous page")
                    ) -> list[FunctionPublic]:
     """Every function, or with ``limit`` one page of them: a function that exists from the first

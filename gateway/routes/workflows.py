@@ -85,7 +85,7 @@ async def deploy_workflow(body: WorkflowDeploy, request: Request, services: Serv
 async def list_workflows(request: Request, response: Response, services: ServicesDep,
                          limit: int | None = Query(None, ge=1, le=MAX_PAGE, description="Workflows per page (all "
                                                                                         "when unset)"),
-                         cursor: str | None = Query(None, max_length=128, pattern=r"^[a-z0-9-]+$",
+                         cursor: str | None = Query(None, max_length=128, pattern=r"^[a-z0-9_-]+$",
                                                     description="x-next-cursor of the previous page")
                          ) -> list[WorkflowPublic]:
     def read() -> list[WorkflowRow]:

@@ -177,7 +177,7 @@ async function refreshLogs() {
 
 // A function name's own characters only (the API refuses others): what is typed is a name's part.
 function filterText() {
-  return document.getElementById("function-filter").value.toLowerCase().replace(/[^a-z0-9-]/g, "").slice(0, 63);
+  return document.getElementById("function-filter").value.toLowerCase().replace(/[^a-z0-9_-]/g, "").slice(0, 63);
 }
 
 function renderShown(shown, total, filter) {
