@@ -214,3 +214,15 @@ def read_member(data: bytes, name: str, limit: int = 10 * 2**20) -> bytes:
             return handle.read()
     except (tarfile.TarError, EOFError, OSError):
         raise KeyError(name) from None
+
+
+def read_code_file(source_dir: str, bundle: bytes | None, name: str, limit: int = 10 * 2**20) -> bytes:
+    """One file of a function's code, from its local folder or its bundle (KeyError when there is
+    none by that name inside it, or it is over ``limit``)."""
+    if bundle is not None:
+        return read_member(bundle, name, limit)
+    folder = Path(source_dir).resolve()
+    path = (folder / name).resolve()
+    if not source_dir or not path.is_relative_to(folder) or not path.is_file() or path.stat().st_size > limit:
+        raise KeyError(name)
+    return path.read_bytes()

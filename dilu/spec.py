@@ -130,6 +130,19 @@ class TensorSpec(_Strict):
     datatype: Literal[DATATYPES] = Field(...,
                                          description="Element type in the protocol's names (FP32, INT64, BYTES, ...)")
     shape: list[int] = Field(..., max_length=16, description="Dimensions; -1 for a dimension of any size")
+    format: Literal["NCHW", "NHWC"] | None = Field(None, description="An image input's layout, as Triton's model "
+                                                                     "configuration states it for image clients")
+    labels: str | None = Field(None, max_length=255, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_./-]*$",
+                               description="An output's labels: a file in the function's folder, one label per "
+                                           "line (line i names class i); the classification extension (a "
+                                           "request's class_count) answers 'score:index:label'")
+
+    @field_validator("labels")
+    @classmethod
+    def _relative(cls, value: str | None) -> str | None:
+        if value is not None and ".." in value.split("/"):
+            raise ValueError("a file in the function's folder (no '..')")
+        return value
 
     @field_validator("shape")
     @classmethod
@@ -150,7 +163,8 @@ def _unique_names(tensors: list[TensorSpec], what: str) -> None:
 class SpecModel(_Strict):
     """The YAML document, field by field (this is what ``dilu spec schema`` prints)."""
 
-    name: str = Field(..., pattern=NAME_PATTERN, description="Function name: lower-case letters, digits, - and _ (at most 63)")
+    name: str = Field(..., pattern=NAME_PATTERN,
+                      description="Function name: lower-case letters, digits, - and _ (at most 63)")
     handler: str = Field(..., pattern=HANDLER_PATTERN,
                          description="module:Class, the module resolved relative to the spec's folder")
     model: dict[str, Any] = Field(default_factory=dict, description="Options passed to the handler")

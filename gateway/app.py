@@ -12,6 +12,7 @@ from dilu.workflows.loading import WorkflowLoader
 from gateway import openai_api
 from gateway.abandon import LeavesWithCaller
 from gateway.auth import AuthGate
+from gateway.encoding import ContentEncoding
 from gateway.errors import KeepsConnections, errors_in_openapi, install_error_handlers
 from gateway.fast_path import FastPaths
 from gateway.limits import BodyLimits
@@ -64,7 +65,7 @@ class GatewayASGI(KeepsConnections):
     """The app a server serves, with what that server calls when it starts stopping."""
 
     def __init__(self, app: LeavesWithCaller, services_of: Callable[[], GatewayServices]) -> None:
-        super().__init__(AuthGate(app, lambda: services_of().auth), services_of)
+        super().__init__(AuthGate(ContentEncoding(app), lambda: services_of().auth), services_of)
         self._invocations = app
 
     def begin_stop(self, drain_s: float) -> None:
@@ -78,8 +79,8 @@ class GatewayASGI(KeepsConnections):
 def create_asgi(build_services: Callable[[], Awaitable[GatewayServices]],
                 release: Callable[[GatewayServices], Awaitable[None]] | None = None) -> GatewayASGI:
     """The app to serve: the FastAPI app behind the fast path of the hot routes, both behind the
-    end of invocations whose caller left, the key check, and the last answer to an unexpected
-    error."""
+    end of invocations whose caller left, the decoding of compressed bodies, the key check, and
+    the last answer to an unexpected error."""
     app = create_app(build_services, release)
     def services() -> GatewayServices:
         return app.state.services

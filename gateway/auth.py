@@ -156,6 +156,8 @@ def need_for(method: str, path: str, metrics_public: bool) -> tuple[Need | None,
         return Need.INVOKE, parts[2]
     if method == "POST" and len(parts) == 4 and parts[:2] == ["v1", "workflows"] and parts[3] == "invoke":
         return Need.INVOKE, None    # it invokes several functions: the scope for all of them
+    if parts == ["v2", "models", "stats"] and method in ("GET", "HEAD"):
+        return Need.READ, None      # every model's statistics
     if parts[:2] == ["v2", "models"] and len(parts) >= 3:
         # /v2/models/{name}[/versions/{v}][/ready|/infer]
         return (Need.INVOKE if method == "POST" else Need.MODEL), parts[2]

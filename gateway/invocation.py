@@ -28,6 +28,7 @@ from gateway.dashboard.view import LatencyWindow
 from gateway.forward import Forwarder, InstanceFailed, InstanceTimeout, NotDelivered, Reply
 from gateway.metrics import ABANDONED, LATENCY, REQUESTS
 from gateway.routing import GatewayStopping, NoInstance, QueueFull, RoutingTable
+from gateway.statistics import InvocationStats, Stages
 from gateway.streams import Relay, StreamTimes
 
 JSON = "application/json"
@@ -133,6 +134,16 @@ class _MetricsCache:
 _METRICS = _MetricsCache()
 
 
+class _Timing:
+    """Where one invocation got to, and when (``time.perf_counter``), for its statistics."""
+
+    __slots__ = ("answered", "checked", "routed", "version")
+
+    def __init__(self) -> None:
+        self.version: int | None = None     # the function's version, once it is found
+        self.checked = self.routed = self.answered = 0.0
+
+
 class Invoker:
     """Runs invocations: see the module's docstring."""
 
@@ -150,21 +161,26 @@ class Invoker:
         # What a request takes once an instance has it (waits for a cold start left out): the
         # expected time of a workflow's node, which the plan of its loads builds on.
         self.service_time = LatencyWindow()
+        self.stats = InvocationStats()     # Triton-shaped statistics of what this gateway answered
 
     async def invoke(self, invocation: Invocation) -> Outcome:
         """One invocation, start to end."""
-        started = time.perf_counter()
-        outcome = await self._run(invocation, stream_kind(invocation.accept) and invocation.accept, started)
-        elapsed = time.perf_counter() - started
+        started, timing = time.perf_counter(), _Timing()
+        outcome = await self._run(invocation, stream_kind(invocation.accept) and invocation.accept, started, timing)
+        ended = time.perf_counter()
+        elapsed = ended - started
         name = invocation.function
         _METRICS.observe(name, outcome.status, elapsed)
+        now = time.time()
         if outcome.status < 400:
-            now = time.time()
             self.latency.observe(name, now, elapsed)
             self.service_time.observe(name, now, elapsed - outcome.queued_s)
+        if timing.version is not None:
+            self.stats.record(name, timing.version, outcome.status < 400, _stages(started, ended, timing, outcome),
+                              int(now * 1000))
         return outcome
 
-    async def _run(self, invocation: Invocation, accept: str | None, arrived: float) -> Outcome:
+    async def _run(self, invocation: Invocation, accept: str | None, arrived: float, timing: _Timing) -> Outcome:
         settings, name = self._settings, invocation.function
         limit = settings.max_request_bytes if invocation.max_bytes is None else invocation.max_bytes
         function = self._functions.get(name)
@@ -173,6 +189,7 @@ class Invoker:
             function = self._functions.get(name)
             if function is None:
                 return _error(404, f"function {name!r} not found")
+        timing.version = function.version
         try:
             body = await _read_body(invocation.read, invocation.declared_length, limit)
         except _TooLarge:
@@ -185,6 +202,7 @@ class Invoker:
                 return _error(400, f"request body: {exc}")
             except (ValueError, RecursionError) as exc:
                 return _error(400, f"request body is not valid JSON: {exc}")
+        timing.checked = time.perf_counter()
 
         self._activity.started(name, direct=not invocation.from_workflow)
         routing = self._routing
@@ -215,6 +233,7 @@ class Invoker:
                 entry = self._functions.get(name)
                 return _error(503 if entry is None or entry.status == FunctionStatus.FAILED else 504, str(exc))
             routing.acquire(name, endpoint.instance_id)
+            timing.routed = time.perf_counter()
             relay: Relay | None = None
             try:
                 if accept:
@@ -255,6 +274,7 @@ class Invoker:
             if is_loading(reply.status, reply.headers):
                 tried = tried | {endpoint.instance_id}
                 continue
+            timing.answered = time.perf_counter()
             headers, queued_s = reply.headers, 0.0
             if retried:     # the handler may have run twice: the caller is told
                 headers = {**headers, "x-dilu-retried": "1"}
@@ -282,3 +302,19 @@ class Invoker:
                                 self._stream_times)
         pieces = [piece async for piece in streamed.chunks(settings.request_timeout_s)]
         return Reply(streamed.status, b"".join(pieces), streamed.content_type, streamed.headers), None
+
+
+def _stages(started: float, ended: float, timing: _Timing, outcome: Outcome) -> Stages:
+    def ns(seconds: float) -> int:
+        return int(seconds * 1e9)
+
+    checked = timing.checked or ended
+    stages = Stages(total=ns(ended - started), input=ns(checked - started))
+    if timing.routed:
+        stages.queue = ns(timing.routed - checked)
+    if timing.answered:
+        stages.infer = ns(timing.answered - timing.routed)
+        stages.output = ns(ended - timing.answered)
+        size = outcome.headers.get("x-dilu-batch-size", "")
+        stages.batch_size = int(size) if size.isdigit() else None
+    return stages

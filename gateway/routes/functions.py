@@ -12,7 +12,7 @@ from fastapi import APIRouter, HTTPException, Query, Request, Response
 from sqlalchemy.orm import Session
 
 from dilu.artifacts import ArtifactStore
-from dilu.bundles import has_module, is_digest
+from dilu.bundles import has_module, is_digest, read_code_file
 from dilu.config import path_roots
 from dilu.db import repo
 from dilu.db.models import FunctionRow, InstanceRow, WorkerRow
@@ -76,11 +76,13 @@ def _without_key(endpoint: str | None) -> str | None:
 
 
 def check_code(body: DeployRequest, spec: FunctionSpec, services: GatewayServices) -> None:
-    """Exactly one place the code comes from, and the handler's module is in it (SpecError if not)."""
+    """Exactly one place the code comes from, and the handler's module (and any labels file) is in
+    it (SpecError if not)."""
     given = [what for what in ("bundle", "source_dir") if getattr(body, what)] + (["image"] if spec.image else [])
     if len(given) != 1:
         raise SpecError([f"code: give exactly one of bundle (dilu deploy uploads one), source_dir or the "
                          f"spec's image; got {', '.join(given) or 'none'}"])
+    data: bytes | None = None
     if body.source_dir:
         roots = path_roots(services.settings.local_roots)
         if not roots:
@@ -99,6 +101,22 @@ def check_code(body: DeployRequest, spec: FunctionSpec, services: GatewayService
         if not has_module(data, spec.handler):
             module = spec.handler.split(":", 1)[0]
             raise SpecError([f"handler: module {module!r} not found in the bundle"])
+    check_labels(spec, body.source_dir or "", data)
+
+
+def check_labels(spec: FunctionSpec, source_dir: str, bundle: bytes | None) -> None:
+    """Each output's labels file is in the function's code (SpecError naming it if not)."""
+    for output in spec.outputs:
+        if output.labels is None:
+            continue
+        if spec.image:
+            raise SpecError([f"outputs: {output.name}: labels: a function run from an image has no folder here "
+                             "to read the labels file from"])
+        try:
+            read_code_file(source_dir, bundle, output.labels)
+        except KeyError:
+            raise SpecError([f"outputs: {output.name}: labels: no file {output.labels!r} (at most 10 MiB) in the "
+                             "function's folder"]) from None
 
 
 def check_weights(spec: FunctionSpec, services: GatewayServices) -> None:

@@ -26,6 +26,7 @@ from gateway.invocation import Invocation
 from gateway.services import GatewayServices
 from gateway.streams import StreamError
 from gateway.text_input import TextInputError, generation_input
+from gateway.v2.classification import classify
 from gateway.v2.inference import (
     TEXT_OUTPUT,
     Inference,
@@ -146,4 +147,5 @@ async def infer(services: GatewayServices, model: Model, request: Inference) -> 
     """One request answered once: a text generator's whole text, else the function's tensors."""
     if model.text:
         return await whole_text(services, model, request)
-    return await infer_tensors(services, model, request)
+    result = await infer_tensors(services, model, request)
+    return await classify(services, result, request.classify) if request.classify else result

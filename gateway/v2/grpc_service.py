@@ -3,10 +3,10 @@
 The service and its messages come from ``tritonclient.grpc`` (``service_pb2`` and
 ``service_pb2_grpc``: the KServe v2 ``GRPCInferenceService`` with Triton's additions), so
 clients built on that definition work unchanged. Implemented: ServerLive, ServerReady,
-ServerMetadata, ModelReady, ModelMetadata, ModelInfer and ModelStreamInfer (tritonclient's
-``start_stream``/``async_stream_infer``: a result per chunk of a streaming function, see
-``gateway.v2.generation``); the rest (model repository, shared memory with its reason,
-statistics, tracing) answer UNIMPLEMENTED. Keys travel as the ``authorization`` metadata, with
+ServerMetadata, ModelReady, ModelMetadata, ModelConfig, ModelStatistics, ModelInfer and
+ModelStreamInfer (tritonclient's ``start_stream``/``async_stream_infer``: a result per chunk of a
+streaming function, see ``gateway.v2.generation``); the rest (model repository, shared memory,
+tracing, log settings) answer UNIMPLEMENTED with the reason. Keys travel as the ``authorization`` metadata, with
 the same scopes as the REST routes.
 """
 
@@ -25,14 +25,17 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 import grpc
 import numpy as np
-from tritonclient.grpc import service_pb2, service_pb2_grpc
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from dilu.keys import Need
 from gateway.services import GatewayServices
+from gateway.v2.classification import class_count
 from gateway.v2.generation import infer, stream_results
 from gateway.v2.inference import (
     EXTENSIONS,
     NO_SHARED_MEMORY,
+    NOT_SERVED,
     SERVER_NAME,
     Inference,
     Model,
@@ -40,6 +43,7 @@ from gateway.v2.inference import (
     Result,
     find_model,
 )
+from gateway.v2.model_info import configuration, every_model_statistics, statistics
 from gateway.v2.rest import VERSION
 from gateway.v2.tensors import TensorError, check_header, element_count, from_binary, from_json, to_binary
 
@@ -85,6 +89,11 @@ def decode(model: Model, request: Any) -> Inference:
     raw = list(request.raw_input_contents)
     if raw and len(raw) != len(request.inputs):
         raise ProtocolError(400, f"raw_input_contents holds {len(raw)} tensors for {len(request.inputs)} inputs")
+    if raw:
+        typed = [tensor.name for tensor in request.inputs if tensor.HasField("contents")]
+        if typed:
+            raise ProtocolError(400, f"contents must not be specified for input {typed[0]!r} when the request uses "
+                                     "raw_input_contents: all inputs raw, or all in typed contents")
     inputs: dict[str, np.ndarray] = {}
     try:
         for position, tensor in enumerate(request.inputs):
@@ -99,7 +108,9 @@ def decode(model: Model, request: Any) -> Inference:
     except TensorError as exc:
         raise ProtocolError(400, str(exc)) from None
     wanted = [output.name for output in request.outputs] or None
-    return Inference(inputs=inputs, outputs=wanted, id=request.id or None)
+    classify = {output.name: class_count(output.parameters["classification"].int64_param, output.name)
+                for output in request.outputs if "classification" in output.parameters}
+    return Inference(inputs=inputs, outputs=wanted, id=request.id or None, classify=classify)
 
 
 class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -107,7 +118,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         self._services_of = services_of
         self.listening: tuple[str, int] | None = None    # (host, port), once bound
 
-    async def _check(self, context: grpc.aio.ServicerContext, need: Need, model: str) -> None:
+    async def _check(self, context: grpc.aio.ServicerContext, need: Need, model: str | None) -> None:
         services = self._services_of()
         if not services.auth.required:
             why = services.auth.instance_refusal(_peer_address(context.peer()), self.listening)
@@ -157,6 +168,36 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     SystemSharedMemoryStatus = SystemSharedMemoryRegister = SystemSharedMemoryUnregister = _no_shared_memory
     CudaSharedMemoryStatus = CudaSharedMemoryRegister = CudaSharedMemoryUnregister = _no_shared_memory
+
+    async def _no_repository(self, request: object, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, NOT_SERVED["repository"])
+
+    async def _no_trace(self, request: object, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, NOT_SERVED["trace"])
+
+    async def _no_log_settings(self, request: object, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, NOT_SERVED["logging"])
+
+    RepositoryIndex = RepositoryModelLoad = RepositoryModelUnload = _no_repository
+    TraceSetting = _no_trace
+    LogSettings = _no_log_settings
+
+    async def ModelConfig(self, request: service_pb2.ModelConfigRequest,
+                          context: grpc.aio.ServicerContext) -> service_pb2.ModelConfigResponse:
+        model = await self._model(context, Need.MODEL, request.name, request.version)
+        return service_pb2.ModelConfigResponse(config=json_format.ParseDict(configuration(model),
+                                                                            model_config_pb2.ModelConfig()))
+
+    async def ModelStatistics(self, request: service_pb2.ModelStatisticsRequest,
+                              context: grpc.aio.ServicerContext) -> service_pb2.ModelStatisticsResponse:
+        services = self._services_of()
+        if request.name:
+            model = await self._model(context, Need.MODEL, request.name, request.version)
+            found = statistics(model.name, services.invoker.stats.of(model.name), request.version or None)
+        else:
+            await self._check(context, Need.READ, None)
+            found = await every_model_statistics(services)
+        return json_format.ParseDict({"model_stats": found}, service_pb2.ModelStatisticsResponse())
 
     async def ModelInfer(self, request: service_pb2.ModelInferRequest,
                          context: grpc.aio.ServicerContext) -> service_pb2.ModelInferResponse:

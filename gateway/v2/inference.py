@@ -29,7 +29,24 @@ SERVER_NAME = "dilu"
 NO_SHARED_MEMORY = ("shared memory is not served: a model's instances run apart from the gateway (another "
                     "process, container or host), so a region here would save no copy, and a region named by "
                     "the caller could be another tenant's; send the tensors as binary data")
-EXTENSIONS = ["binary_tensor_data"]
+EXTENSIONS = ["binary_tensor_data", "classification", "statistics", "model_configuration"]
+NOT_SERVED = {
+    "repository": "model repository control is not served: a model is a function, deployed with `dilu deploy` "
+                  "(or POST /v1/functions), loaded on demand and scaled by the platform",
+    "trace": "tracing is not served: each answer carries x-dilu-latency-ms and x-dilu-queued-ms, and /metrics "
+             "the gateway's histograms",
+    "logging": "log settings are not served: `dilu logs NAME` shows a function's instance logs",
+    "sequence": "sequence batching (stateful models) is not served: a function's instances keep no state between "
+                "requests that the platform routes to them",
+}
+
+
+def not_served_reason(path: str) -> str:
+    """Why a part of Triton's protocol that Dilu does not serve is refused (docs/protocols.md)."""
+    for key, reason in NOT_SERVED.items():
+        if f"/{key}" in path:
+            return reason
+    return NOT_SERVED["repository"]
 
 
 @dataclass
@@ -84,6 +101,7 @@ class Inference:
     inputs: dict[str, np.ndarray]
     outputs: list[str] | None = None
     id: str | None = None
+    classify: dict[str, int] = field(default_factory=dict)   # output -> its top classes wanted
 
 
 @dataclass
@@ -114,7 +132,7 @@ async def find_model(services: GatewayServices, name: str, version: str | None =
         await services.functions.refresh(name)
         entry = services.functions.get(name)
     if entry is None:
-        raise ProtocolError(404, f"model {name!r} not found")
+        raise ProtocolError(404, f"Request for unknown model: {name!r} is not found")
     spec, text = entry.model, False
     if not spec.serves_v2 and spec.generates == "text":
         spec, text = with_text_tensors(spec), True
@@ -122,7 +140,8 @@ async def find_model(services: GatewayServices, name: str, version: str | None =
         raise ProtocolError(404, f"function {name!r} does not declare its tensors (inputs and outputs in its "
                                  "spec), so it is not served over the inference protocol")
     if version not in (None, "", str(entry.version)):
-        raise ProtocolError(404, f"model {name!r} has no version {version!r} (it serves version {entry.version})")
+        raise ProtocolError(404, f"Request for unknown model: {name!r} version {version} is not found (it serves "
+                                 f"version {entry.version})")
     return Model(name=name, version=str(entry.version), status=entry.status, spec=spec, text=text)
 
 

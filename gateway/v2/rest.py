@@ -20,7 +20,8 @@ from gateway.errors import error_response
 from gateway.limits import BodyTooLarge, read_capped
 from gateway.services import GatewayServices
 from gateway.v2.generation import infer
-from gateway.v2.inference import EXTENSIONS, NO_SHARED_MEMORY, SERVER_NAME, ProtocolError, find_model
+from gateway.v2.inference import EXTENSIONS, NO_SHARED_MEMORY, SERVER_NAME, ProtocolError, find_model, not_served_reason
+from gateway.v2.model_info import configuration, every_model_statistics, statistics
 from gateway.v2.rest_wire import HEADER_LENGTH, decode_request, encode_response
 
 router = APIRouter(prefix="/v2", tags=["inference protocol (v2)"])
@@ -125,6 +126,44 @@ async def ready(request: Request) -> Response:
 _MODEL_ERRORS = {**errors(404), **AUTH_ERRORS}
 _READY_ERRORS = {400: {**errors(400)[400], "description": "The model is not ready (deploying, profiling or failed)"},
                  **_MODEL_ERRORS}
+
+
+@router.api_route("/repository{rest:path}", methods=["GET", "POST"], include_in_schema=False)
+@router.api_route("/trace{rest:path}", methods=["GET", "POST"], include_in_schema=False)
+@router.api_route("/logging", methods=["GET", "POST"], include_in_schema=False)
+def not_served(request: Request, rest: str = "") -> JSONResponse:
+    """Model repository control, tracing and log settings: refused with the reason (docs/protocols.md)."""
+    return error_response(400, not_served_reason(request.url.path))
+
+
+@router.get("/models/stats", dependencies=SECURED, responses=AUTH_ERRORS)
+async def all_statistics(request: Request) -> Any:
+    """Statistics of every model this gateway serves, in Triton's shape (this gateway's own)."""
+    return {"model_stats": await every_model_statistics(request.app.state.services)}
+
+
+@router.get("/models/{name}/stats", dependencies=SECURED, responses=_MODEL_ERRORS)
+@router.get("/models/{name}/versions/{version}/stats", dependencies=SECURED, responses=_MODEL_ERRORS)
+async def model_statistics(name: str, request: Request, version: str | None = None) -> Any:
+    """A model's statistics in Triton's shape: counts and durations of what this gateway answered
+    (success, fail, queue, compute input/infer/output, by batch size)."""
+    services = request.app.state.services
+    try:
+        model = await find_model(services, name, version)
+    except ProtocolError as exc:
+        return _answer(exc)
+    return {"model_stats": statistics(model.name, services.invoker.stats.of(model.name), version)}
+
+
+@router.get("/models/{name}/config", dependencies=SECURED, responses=_MODEL_ERRORS)
+@router.get("/models/{name}/versions/{version}/config", dependencies=SECURED, responses=_MODEL_ERRORS)
+async def model_config(name: str, request: Request, version: str | None = None) -> Any:
+    """A model's configuration in Triton's shape, derived from its spec."""
+    try:
+        model = await find_model(request.app.state.services, name, version)
+    except ProtocolError as exc:
+        return _answer(exc)
+    return configuration(model)
 
 
 @router.get("/models/{name}", response_model=ModelMetadata, dependencies=SECURED, responses=_MODEL_ERRORS)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dilu.limits import LimitExceeded, check_json_depth, load_json_fast
+from gateway.v2.classification import class_count
 from gateway.v2.inference import Inference, Model, ProtocolError, Result
 from gateway.v2.tensors import TensorError, check_header, from_binary, from_json, to_binary, to_json_data
 
@@ -96,7 +97,7 @@ def decode_request(model: Model, body: bytes, header_length: str | None) -> tupl
         raise ProtocolError(400, str(exc)) from None
     if offset != len(raw):
         raise ProtocolError(400, f"the body has {len(raw) - offset} binary bytes that no input claims")
-    wanted = None
+    wanted, classify = None, {}
     if document.get("outputs") is not None:
         if not isinstance(document["outputs"], list):
             raise ProtocolError(400, "outputs must be a list")
@@ -108,11 +109,13 @@ def decode_request(model: Model, body: bytes, header_length: str | None) -> tupl
                 raise ProtocolError(400, f"outputs[{position}]: name must be a string")
             model.output(name)
             wanted.append(name)
-            flag = _flag(_object(entry.get("parameters") or {}, f"output {name!r}: parameters"), "binary_data",
-                         f"output {name!r}")
+            parameters = _object(entry.get("parameters") or {}, f"output {name!r}: parameters")
+            flag = _flag(parameters, "binary_data", f"output {name!r}")
             if flag is not None:
                 choice.binary[name] = flag
-    return Inference(inputs=inputs, outputs=wanted, id=request_id), choice
+            if "classification" in parameters:
+                classify[name] = class_count(parameters["classification"], name)
+    return Inference(inputs=inputs, outputs=wanted, id=request_id, classify=classify), choice
 
 
 def encode_response(result: Result, choice: OutputChoice) -> tuple[bytes, dict[str, str], str]:
