@@ -77,7 +77,7 @@ def _decoding(receive: Callable, wbits: int) -> Callable:
             state["pending"] = decoder.unconsumed_tail
             more = bool(state["pending"]) or state["more"]
             if not more and not decoder.eof:
-                raise BodyNotDecodable("the compressed body ends before its end of stream")
+                raise BodyNotDecodable(f"the {'gzip' if wbits > 16 else 'deflate'} body ends before its end of stream")
             if piece or not more:
                 return {"type": "http.request", "body": piece, "more_body": more}
 

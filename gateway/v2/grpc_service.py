@@ -193,7 +193,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         services = self._services_of()
         if request.name:
             model = await self._model(context, Need.MODEL, request.name, request.version)
-            found = statistics(model.name, services.invoker.stats.of(model.name), request.version or None)
+            found = statistics(model, services.invoker.stats.of(model.name), request.version or None)
         else:
             await self._check(context, Need.READ, None)
             found = await every_model_statistics(services)

@@ -57,13 +57,15 @@ def configuration(model: Model) -> dict[str, Any]:
     return config
 
 
-def statistics(model_name: str, kept: dict[int, ModelStats], version: str | None = None) -> list[dict[str, Any]]:
-    """Triton's JSON statistics of a model's versions (one when ``version`` is given): a version
-    that answered nothing here has zero counts."""
+def statistics(model: Model, kept: dict[int, ModelStats], version: str | None = None) -> list[dict[str, Any]]:
+    """Triton's JSON statistics of a model: of ``version`` when given, else of its versions that
+    answered here (its current one, with zero counts, when none did)."""
+    if not version and not kept:
+        version = model.version
     if version:
         stats = kept.get(int(version)) if version.isdigit() else None
-        return [(stats or ModelStats()).to_wire(model_name, version)]
-    return [stats.to_wire(model_name, str(number)) for number, stats in sorted(kept.items())]
+        return [(stats or ModelStats()).to_wire(model.name, version)]
+    return [stats.to_wire(model.name, str(number)) for number, stats in sorted(kept.items())]
 
 
 async def every_model_statistics(services: GatewayServices) -> list[dict[str, Any]]:
@@ -74,6 +76,5 @@ async def every_model_statistics(services: GatewayServices) -> list[dict[str, An
             model = await find_model(services, name)
         except ProtocolError:
             continue    # not served over the protocol
-        kept = services.invoker.stats.of(name)
-        found += statistics(name, kept) if kept else statistics(name, {}, model.version)
+        found += statistics(model, services.invoker.stats.of(name))
     return found

@@ -152,7 +152,7 @@ async def model_statistics(name: str, request: Request, version: str | None = No
         model = await find_model(services, name, version)
     except ProtocolError as exc:
         return _answer(exc)
-    return {"model_stats": statistics(model.name, services.invoker.stats.of(model.name), version)}
+    return {"model_stats": statistics(model, services.invoker.stats.of(model.name), version)}
 
 
 @router.get("/models/{name}/config", dependencies=SECURED, responses=_MODEL_ERRORS)

@@ -77,7 +77,7 @@ def test_tritonclient_http(iris) -> None:
     # Requests of both protocols are counted as one function's requests.
     assert _requests_counted(iris, "iris") == counted + 3
 
-    with pytest.raises(InferenceServerException, match="no version '99'"):
+    with pytest.raises(InferenceServerException, match="'iris' version 99 is not found"):
         client.get_model_metadata("iris", model_version="99")
     with pytest.raises(InferenceServerException, match="not found"):
         client.get_model_metadata("nope")
@@ -130,7 +130,7 @@ def test_raw_http_errors_name_the_problem(iris) -> None:
     assert {o["name"]: o["data"] for o in reply.json()["outputs"]}["species"] == ["setosa"]
     assert http.get("/v2/models/iris/versions/7/ready").status_code == 404
     wrong_version = http.post("/v2/models/iris/versions/7/infer", content=b"{}")
-    assert wrong_version.status_code == 404 and "no version '7'" in wrong_version.json()["error"]
+    assert wrong_version.status_code == 404 and "version 7 is not found" in wrong_version.json()["error"]
     too_big = infer(b" " * (10 * 2**20 + 1))     # past DILU_MAX_REQUEST_BYTES (10 MiB by default)
     assert too_big.status_code == 413 and "exceeds the limit" in too_big.json()["error"]
     assert http.get("/v2/health/live").status_code == 200 and http.get("/v2/health/ready").status_code == 200
