@@ -197,10 +197,17 @@ class SpecModel(_Strict):
         None, description="The handler takes and returns arrays: predict({input name: array}) -> {output name: "
                           "array}, a batch stacked along the first axis; numpy arrays, or torch tensors on the "
                           "instance's device. Inference-protocol tensors then reach it as raw bytes")
-    generates: Literal["text"] | None = Field(
+    generates: Literal["text", "embeddings"] | None = Field(
         None, description="text: a text generator, also served by the OpenAI-compatible routes (/v1/completions, "
                           "/v1/chat/completions, /v1/models) as the model of its name; it takes {prompt, messages, "
-                          "max_new_tokens, temperature, stop} and streams chunks holding text")
+                          "max_new_tokens, temperature, ...} and streams chunks holding text (docs/api.md). "
+                          "embeddings: an encoder, served by /v1/embeddings; it takes {text} and answers "
+                          "{embedding, tokens}")
+    handles: list[Literal["stop", "tools", "response_format"]] = Field(
+        default_factory=list, max_length=3,
+        description="What a text generator does itself: stop (it ends at the request's stop strings; otherwise "
+                    "the platform cuts the text there and ends the generation), tools and response_format (the "
+                    "OpenAI routes pass them on; otherwise a request with them is refused)")
     max_stream_s: float | None = Field(
         None, gt=0, le=86400,
         description="Longest one streamed answer may run, start to end (the gateway's DILU_MAX_STREAM_S bounds it "

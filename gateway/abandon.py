@@ -25,7 +25,7 @@ import orjson
 from dilu.instance_protocol import STREAM_TYPES, stream_error
 from gateway.fast_path import INFER_SUFFIX, INVOKE_PREFIX, INVOKE_SUFFIX, MODELS_PREFIX
 
-GENERATE = ("/v1/completions", "/v1/chat/completions")
+GENERATE = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings")
 
 
 def watched(method: str, path: str) -> bool:

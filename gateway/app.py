@@ -9,13 +9,13 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from dilu.workflows.loading import WorkflowLoader
-from gateway import openai_api
 from gateway.abandon import LeavesWithCaller
 from gateway.auth import AuthGate
 from gateway.encoding import ContentEncoding
 from gateway.errors import KeepsConnections, errors_in_openapi, install_error_handlers
 from gateway.fast_path import FastPaths
 from gateway.limits import BodyLimits
+from gateway.openai import routes as openai_routes
 from gateway.routes import artifacts, bundles, dashboard, functions, invoke, keys, system, workflows
 from gateway.services import GatewayServices
 from gateway.v2 import rest as v2_rest
@@ -52,8 +52,8 @@ def create_app(build_services: Callable[[], Awaitable[GatewayServices]],
     app.include_router(workflows.router)
     app.include_router(v2_rest.router)
     app.include_router(dashboard.router)
-    app.include_router(openai_api.router)
-    errors_in_openapi(app, v2_rest.add_schemas)
+    app.include_router(openai_routes.router)
+    errors_in_openapi(app, v2_rest.add_schemas, openai_routes.add_schemas)
     return app
 
 

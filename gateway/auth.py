@@ -137,7 +137,7 @@ def authorization_header(headers: Mapping[str, str] | list[tuple[bytes, bytes]])
 
 
 SCOPES_KEY = "dilu_scopes"
-OPENAI_PATHS = frozenset({"/v1/models", "/v1/completions", "/v1/chat/completions"})
+OPENAI_PATHS = frozenset({"/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/embeddings"})
 OPEN_PATHS = frozenset({"/healthz", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json",
                         "/v2", "/v2/health/live", "/v2/health/ready"})
 

@@ -91,6 +91,13 @@ class Outcome:
     tensors: str | None = None     # the header of an answer in a tensor frame
     relay: Relay | None = None     # a streamed answer: its pieces come from here, after the headers
 
+    def error(self) -> str:
+        """The message of an error answer: its JSON ``error``, else its text."""
+        try:
+            return str(json.loads(self.body)["error"])
+        except (ValueError, KeyError, TypeError):
+            return self.body.decode("utf-8", errors="replace")[:500]
+
 
 class _TooLarge(Exception):
     pass

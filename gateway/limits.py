@@ -15,6 +15,11 @@ from dilu.limits import LimitExceeded, check_json_depth
 EXEMPT_PREFIXES = ("/v1/bundles", "/v1/artifacts", "/v2/")
 
 
+# The OpenAI routes read their own bodies once the key is checked, bounded like invocations
+# (DILU_MAX_REQUEST_BYTES), and answer in OpenAI's error shape.
+OPENAI_BODIES = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/embeddings"})
+
+
 def _is_workflow_invoke(path: str) -> bool:
     """A workflow's input: bounded like an invocation's (DILU_MAX_REQUEST_BYTES) by its route."""
     return path.startswith("/v1/workflows/") and path.endswith("/invoke")
@@ -30,7 +35,8 @@ class BodyLimits:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH") or \
-                scope["path"].startswith(EXEMPT_PREFIXES) or _is_workflow_invoke(scope["path"]):
+                scope["path"].startswith(EXEMPT_PREFIXES) or scope["path"] in OPENAI_BODIES or \
+                _is_workflow_invoke(scope["path"]):
             await self.app(scope, receive, send)
             return
         limit = self._settings_of().max_api_body_bytes

@@ -20,12 +20,15 @@ from typing import Any
 
 import numpy as np
 import orjson
+from pydantic import ValidationError
 
 from dilu.instance_protocol import NOT_STREAMING_HEADER
 from gateway.invocation import Invocation
+from gateway.openai.protocol import CompletionRequest
+from gateway.openai.text import RequestError, StopScanner, TextRequest
+from gateway.openai.text import text_request as text_request_of
 from gateway.services import GatewayServices
 from gateway.streams import StreamError
-from gateway.text_input import TextInputError, generation_input
 from gateway.v2.classification import classify
 from gateway.v2.inference import (
     TEXT_OUTPUT,
@@ -40,7 +43,7 @@ from gateway.v2.inference import (
 )
 
 NDJSON = "application/x-ndjson"
-SAMPLING_KEYS = ("max_tokens", "temperature", "stop")
+SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "seed", "presence_penalty", "frequency_penalty", "stop")
 
 
 def _one(array: np.ndarray, name: str) -> Any:
@@ -56,11 +59,13 @@ def _text_of(value: Any, name: str) -> str:
         raise ProtocolError(400, f"input {name!r} is not UTF-8 text") from None
 
 
-def text_request(request: Inference) -> tuple[bytes, bool]:
-    """(the generator's JSON input, whether a result per chunk is wanted) for a text request."""
+def text_request(model: Model, request: Inference) -> tuple[TextRequest, bool]:
+    """(what the generator receives and the platform enforces, whether a result per chunk is
+    wanted) for a text request."""
     if "text_input" not in request.inputs:
         raise ProtocolError(400, "a text model needs the input 'text_input' (the prompt)")
-    body: dict[str, Any] = {"prompt": _text_of(_one(request.inputs["text_input"], "text_input"), "text_input")}
+    body: dict[str, Any] = {"model": model.name,
+                            "prompt": _text_of(_one(request.inputs["text_input"], "text_input"), "text_input")}
     if "sampling_parameters" in request.inputs:
         text = _text_of(_one(request.inputs["sampling_parameters"], "sampling_parameters"), "sampling_parameters")
         try:
@@ -71,11 +76,14 @@ def text_request(request: Inference) -> tuple[bytes, bool]:
             raise ProtocolError(400, "sampling_parameters must be a JSON object")
         body.update({key: sampling[key] for key in SAMPLING_KEYS if key in sampling})
     try:
-        payload = generation_input(body, chat=False)
-    except TextInputError as exc:
-        raise ProtocolError(400, f"{'sampling_parameters: ' if exc.param != 'prompt' else ''}{exc}") from None
+        generation = text_request_of(CompletionRequest.model_validate(body), model.spec.handles)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ProtocolError(400, f"sampling_parameters: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+    except RequestError as exc:
+        raise ProtocolError(400, f"sampling_parameters: {exc}") from None
     stream = bool(_one(request.inputs["stream"], "stream")) if "stream" in request.inputs else False
-    return orjson.dumps(payload), stream
+    return generation, stream
 
 
 def _text_result(model: Model, request: Inference, text: str) -> Result:
@@ -99,33 +107,42 @@ async def _open(services: GatewayServices, model: Model, body: bytes | memoryvie
     raise ProtocolError(outcome.status, error_message(outcome.body))
 
 
-async def _text_chunks(services: GatewayServices, model: Model, body: bytes) -> AsyncIterator[str]:
-    relay = await _open(services, model, body)
+async def _text_chunks(services: GatewayServices, model: Model, generation: TextRequest) -> AsyncIterator[str]:
+    """The generated text as it comes, cut at the stop strings the platform enforces."""
+    relay = await _open(services, model, orjson.dumps(generation.payload))
     if relay is None:
         raise ProtocolError(500, f"{model.name} is a text generator whose handler does not stream (start() and "
                                  "step())")
+    scanner = StopScanner(generation.stop)
     try:
         async for chunk in relay.json_lines():
             text = chunk.get("text", "") if isinstance(chunk, dict) else chunk
-            yield text if isinstance(text, str) else str(text)
+            if piece := scanner.feed(text if isinstance(text, str) else str(text)):
+                yield piece
+            if scanner.stopped:
+                break     # closing the relay ends the generation
+        if rest := scanner.flush():
+            yield rest
     except StreamError as exc:
         raise ProtocolError(exc.status, exc.message) from None
+    finally:
+        relay.close()
 
 
 async def whole_text(services: GatewayServices, model: Model, request: Inference) -> Result:
     """A text request answered once, with the whole generated text."""
-    body, _ = text_request(request)
-    return _text_result(model, request, "".join([text async for text in _text_chunks(services, model, body)]))
+    generation, _ = text_request(model, request)
+    return _text_result(model, request, "".join([text async for text in _text_chunks(services, model, generation)]))
 
 
 async def stream_results(services: GatewayServices, model: Model, request: Inference) -> AsyncIterator[Result]:
     """The results of one stream request, as the function makes them."""
     if model.text:
-        body, stream = text_request(request)
+        generation, stream = text_request(model, request)
         if not stream:
             yield await whole_text(services, model, request)
             return
-        async for text in _text_chunks(services, model, body):
+        async for text in _text_chunks(services, model, generation):
             yield _text_result(model, request, text)
         return
     if request.outputs:
