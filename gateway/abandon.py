@@ -65,10 +65,11 @@ class LeavesWithCaller:
 
     async def _answer_stopped(self, state: dict, send: Callable) -> None:
         reason = self._ended or "the gateway is stopping"
-        if state["kind"] is not None:       # a stream under way: its error frame, then its end
-            await send({"type": "http.response.body", "body": stream_error(state["kind"], f"stream cut: {reason}", 503),
+        kind = _stream_kind(state["started"]) if state["started"] is not None else None
+        if kind is not None:                # a stream under way: its error frame, then its end
+            await send({"type": "http.response.body", "body": stream_error(kind, f"stream cut: {reason}", 503),
                         "more_body": False})
-        elif not state["started"]:
+        elif state["started"] is None:
             body = orjson.dumps({"error": reason})
             await send({"type": "http.response.start", "status": 503,
                         "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1"),
@@ -83,8 +84,8 @@ class LeavesWithCaller:
             return
         task = asyncio.current_task()
         assert task is not None
-        state = {"body_read": False, "answered": False, "left": False, "stopped": False, "started": False,
-                 "kind": None}
+        # started: the answer's headers once it has begun (read only if the gateway stops it)
+        state: dict = {"body_read": False, "answered": False, "left": False, "stopped": False, "started": None}
         disconnect: asyncio.Future[dict] = asyncio.get_running_loop().create_future()
         watcher: asyncio.Task | None = None
 
@@ -111,7 +112,7 @@ class LeavesWithCaller:
 
         async def app_send(message: dict) -> None:
             if message["type"] == "http.response.start":
-                state["started"], state["kind"] = True, _stream_kind(message.get("headers", []))
+                state["started"] = message.get("headers", [])
             elif message["type"] == "http.response.body" and not message.get("more_body", False):
                 state["answered"] = True
             await send(message)

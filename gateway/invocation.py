@@ -28,7 +28,7 @@ from gateway.dashboard.view import LatencyWindow
 from gateway.forward import Forwarder, InstanceFailed, InstanceTimeout, NotDelivered, Reply
 from gateway.metrics import ABANDONED, LATENCY, REQUESTS
 from gateway.routing import GatewayStopping, NoInstance, QueueFull, RoutingTable
-from gateway.statistics import InvocationStats, Stages
+from gateway.statistics import InvocationStats
 from gateway.streams import Relay, StreamTimes
 
 JSON = "application/json"
@@ -41,7 +41,7 @@ def _nothing_more() -> BodyChunks:
     return read
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Invocation:
     """One request to run a function, as a surface hands it over.
 
@@ -183,8 +183,8 @@ class Invoker:
             self.latency.observe(name, now, elapsed)
             self.service_time.observe(name, now, elapsed - outcome.queued_s)
         if timing.version is not None:
-            self.stats.record(name, timing.version, outcome.status < 400, _stages(started, ended, timing, outcome),
-                              int(now * 1000))
+            self.stats.record(name, timing.version, outcome.status < 400, started, timing.checked, timing.routed,
+                              timing.answered, ended, outcome.headers.get("x-dilu-batch-size"), int(now * 1000))
         return outcome
 
     async def _run(self, invocation: Invocation, accept: str | None, arrived: float, timing: _Timing) -> Outcome:
@@ -309,19 +309,3 @@ class Invoker:
                                 self._stream_times)
         pieces = [piece async for piece in streamed.chunks(settings.request_timeout_s)]
         return Reply(streamed.status, b"".join(pieces), streamed.content_type, streamed.headers), None
-
-
-def _stages(started: float, ended: float, timing: _Timing, outcome: Outcome) -> Stages:
-    def ns(seconds: float) -> int:
-        return int(seconds * 1e9)
-
-    checked = timing.checked or ended
-    stages = Stages(total=ns(ended - started), input=ns(checked - started))
-    if timing.routed:
-        stages.queue = ns(timing.routed - checked)
-    if timing.answered:
-        stages.infer = ns(timing.answered - timing.routed)
-        stages.output = ns(ended - timing.answered)
-        size = outcome.headers.get("x-dilu-batch-size", "")
-        stages.batch_size = int(size) if size.isdigit() else None
-    return stages
