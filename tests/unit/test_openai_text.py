@@ -44,7 +44,8 @@ def test_chat_joins_text_parts_and_renders_the_prompt() -> None:
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": [{"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"}]}])
     text = text_request(request)
-    assert text.payload["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]
+    assert text.payload["messages"] == [{"role": "system", "content": "Be brief."},
+                                        {"role": "user", "content": "Hello"}]
     assert text.payload["prompt"] == "system: Be brief.\nuser: Hello\nassistant: " and text.max_tokens == 4
 
 

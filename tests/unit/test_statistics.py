@@ -16,7 +16,8 @@ def test_stages_are_counted_with_their_durations() -> None:
     wire = stats.of("f")[2].to_wire("f", "2")
     inference = wire["inference_stats"]
     assert inference["success"]["count"] == 1 and abs(inference["success"]["ns"] - 14_000_000) < 1000
-    assert abs(inference["queue"]["ns"] - 2_000_000) < 1000 and abs(inference["compute_infer"]["ns"] - 10_000_000) < 1000
+    assert abs(inference["queue"]["ns"] - 2_000_000) < 1000
+    assert abs(inference["compute_infer"]["ns"] - 10_000_000) < 1000
     assert inference["fail"]["count"] == 1 and abs(inference["fail"]["ns"] - 500_000_000) < 1000
     assert wire["inference_count"] == 1 and wire["last_inference"] == 5000
     assert [batch["batch_size"] for batch in wire["batch_stats"]] == [4]
