@@ -23,18 +23,7 @@ from typing import Any
 import orjson
 
 from dilu.instance_protocol import STREAM_TYPES, stream_error
-from gateway.fast_path import INFER_SUFFIX, INVOKE_PREFIX, INVOKE_SUFFIX, MODELS_PREFIX
-
-GENERATE = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings")
-
-
-def watched(method: str, path: str) -> bool:
-    """Whether a request is an invocation, whose work is worth stopping when its caller leaves
-    (not a deploy or a delete, which must not stop half-way)."""
-    if method != "POST":
-        return False
-    return (path.startswith(INVOKE_PREFIX) and path.endswith(INVOKE_SUFFIX)) or \
-        (path.startswith(MODELS_PREFIX) and path.endswith(INFER_SUFFIX)) or path in GENERATE
+from gateway.route_table import route_in
 
 
 def _stream_kind(headers: list[tuple[bytes, bytes]]) -> str | None:
@@ -79,7 +68,7 @@ class LeavesWithCaller:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if scope["type"] != "http" or not watched(scope["method"], scope["path"]):
+        if scope["type"] != "http" or not route_in(scope).invocation:
             await self.app(scope, receive, send)
             return
         task = asyncio.current_task()

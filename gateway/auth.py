@@ -26,6 +26,7 @@ from dilu.db import repo
 from dilu.keys import Need, allows, parse, secret_matches
 from dilu.peers import PeerUids
 from gateway.origin import refusal
+from gateway.route_table import route_in
 
 log = logging.getLogger(__name__)
 MISS_REFRESH_S = 1.0   # a key unknown here is looked up in the database at most this often
@@ -137,36 +138,6 @@ def authorization_header(headers: Mapping[str, str] | list[tuple[bytes, bytes]])
 
 
 SCOPES_KEY = "dilu_scopes"
-OPENAI_PATHS = frozenset({"/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/embeddings"})
-OPEN_PATHS = frozenset({"/healthz", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json",
-                        "/v2", "/v2/health/live", "/v2/health/ready"})
-
-
-def need_for(method: str, path: str, metrics_public: bool) -> tuple[Need | None, str | None]:
-    """What a request needs: (None, None) for open routes, else the scope and, for invokes, the
-    function. One table for every route, checked before anything reads the body."""
-    if path in OPEN_PATHS or (path == "/metrics" and metrics_public):
-        return None, None
-    if method in ("GET", "HEAD") and (path == "/dashboard" or path.startswith("/dashboard/")):
-        return None, None   # the page and its script hold no data; what they fetch needs a key
-    if path in OPENAI_PATHS:
-        return None, None   # the OpenAI routes check the key themselves, per model, in OpenAI's error shape
-    parts = path.strip("/").split("/")
-    if method == "POST" and len(parts) == 4 and parts[:2] == ["v1", "functions"] and parts[3] == "invoke":
-        return Need.INVOKE, parts[2]
-    if method == "POST" and len(parts) == 4 and parts[:2] == ["v1", "workflows"] and parts[3] == "invoke":
-        return Need.INVOKE, None    # it invokes several functions: the scope for all of them
-    if parts == ["v2", "models", "stats"] and method in ("GET", "HEAD"):
-        return Need.READ, None      # every model's statistics
-    if parts[:2] == ["v2", "models"] and len(parts) >= 3:
-        # /v2/models/{name}[/versions/{v}][/ready|/infer]
-        return (Need.INVOKE if method == "POST" else Need.MODEL), parts[2]
-    if method in ("GET", "HEAD"):
-        if (len(parts) == 4 and parts[:2] == ["v1", "functions"] and parts[3] == "logs") or \
-                parts[:2] in (["v1", "keys"], ["v1", "bundles"], ["v1", "artifacts"]):
-            return Need.ADMIN, None
-        return Need.READ, None
-    return Need.ADMIN, None
 
 
 class AuthGate:
@@ -187,7 +158,8 @@ class AuthGate:
                 if why is not None:
                     await _send_denied(send, Denied(403, why))
                     return
-            need, function = need_for(scope["method"], scope["path"], auth.metrics_public)
+            route = route_in(scope, auth.metrics_public)
+            need, function = route.need, route.function
             if need is not None:
                 header = authorization_header(scope["headers"])
                 denied = await auth.check(header, need, function)

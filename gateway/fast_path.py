@@ -15,13 +15,10 @@ from typing import Any
 
 from gateway.invocation import Invocation
 from gateway.limits import read_capped, receive_chunks
-from gateway.services import GatewayServices
+from gateway.needs import Models
+from gateway.route_table import route_in
 from gateway.streams import Relay
 from gateway.v2.rest import answer_infer
-
-INVOKE_PREFIX, INVOKE_SUFFIX = "/v1/functions/", "/invoke"
-MODELS_PREFIX, INFER_SUFFIX = "/v2/models/", "/infer"
-VERSIONS = "/versions/"
 
 
 def _header(scope: dict, name: bytes) -> str | None:
@@ -29,16 +26,6 @@ def _header(scope: dict, name: bytes) -> str | None:
         if key == name:
             return value.decode("latin-1")
     return None
-
-
-def _model_and_version(path: str) -> tuple[str, str | None] | None:
-    """(name, version) of an infer path, None for any other path."""
-    if not (path.startswith(MODELS_PREFIX) and path.endswith(INFER_SUFFIX)):
-        return None
-    name, _, version = path[len(MODELS_PREFIX):-len(INFER_SUFFIX)].partition(VERSIONS)
-    if not name or "/" in name or "/" in version or (VERSIONS in path and not version):
-        return None
-    return name, version or None
 
 
 async def _send(send: Callable, status: int, body: bytes, content_type: str, headers: dict[str, str]) -> None:
@@ -80,21 +67,18 @@ async def _relay(relay: Relay, content_type: str, headers: dict[str, str], recei
 class FastPaths:
     """ASGI wrapper: the two hot routes straight to their handlers; the rest to ``app``."""
 
-    def __init__(self, app: Any, services_of: Callable[[], GatewayServices]) -> None:
+    def __init__(self, app: Any, services_of: Callable[[], Models]) -> None:
         self.app = app
         self._services_of = services_of
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            path: str = scope["path"]
-            if path.startswith(INVOKE_PREFIX) and path.endswith(INVOKE_SUFFIX):
-                name = path[len(INVOKE_PREFIX):-len(INVOKE_SUFFIX)]
-                if name and "/" not in name:
-                    await self._invoke(name, scope, receive, send)
-                    return
-            model = _model_and_version(path)
-            if model is not None:
-                await self._infer(*model, scope, receive, send)
+        if scope["type"] == "http":
+            route = route_in(scope)
+            if route.fast == "invoke":
+                await self._invoke(route.function, scope, receive, send)
+                return
+            if route.fast == "infer":
+                await self._infer(route.function, route.version, scope, receive, send)
                 return
         await self.app(scope, receive, send)
 

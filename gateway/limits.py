@@ -9,34 +9,20 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dilu.config import GatewaySettings
 from dilu.limits import LimitExceeded, check_json_depth
-
-# Streamed with their own limits: bundles (DILU_MAX_BUNDLE_BYTES), weight artifacts
-# (DILU_MAX_ARTIFACT_BYTES), inference requests of the v2 protocol (DILU_MAX_REQUEST_BYTES).
-EXEMPT_PREFIXES = ("/v1/bundles", "/v1/artifacts", "/v2/")
-
-
-# The OpenAI routes read their own bodies once the key is checked, bounded like invocations
-# (DILU_MAX_REQUEST_BYTES), and answer in OpenAI's error shape.
-OPENAI_BODIES = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/embeddings"})
-
-
-def _is_workflow_invoke(path: str) -> bool:
-    """A workflow's input: bounded like an invocation's (DILU_MAX_REQUEST_BYTES) by its route."""
-    return path.startswith("/v1/workflows/") and path.endswith("/invoke")
+from gateway.route_table import route_in
 
 
 class BodyLimits:
     """ASGI wrapper: a body over ``max_bytes`` is answered 413, JSON nested too deep 400, before
-    the framework parses it (its parser would recurse until the interpreter gives up)."""
+    the framework parses it (its parser would recurse until the interpreter gives up); routes
+    that read their own bodies under their own limits pass (``gateway.route_table``)."""
 
     def __init__(self, app: ASGIApp, settings_of: Callable[[], GatewaySettings]) -> None:
         self.app = app
         self._settings_of = settings_of
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH") or \
-                scope["path"].startswith(EXEMPT_PREFIXES) or scope["path"] in OPENAI_BODIES or \
-                _is_workflow_invoke(scope["path"]):
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH") or route_in(scope).own_body:
             await self.app(scope, receive, send)
             return
         limit = self._settings_of().max_api_body_bytes

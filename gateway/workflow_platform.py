@@ -7,11 +7,11 @@ from typing import Any
 
 from dilu.workflows.loading import Invoked
 from gateway.invocation import Invocation
-from gateway.services import GatewayServices
+from gateway.needs import WorkflowHost
 
 
 class GatewayPlatform:
-    def __init__(self, services: GatewayServices) -> None:
+    def __init__(self, services: WorkflowHost) -> None:
         self._services = services
         self.hints = services.activity.hints
         self.memory_price = services.settings.workflow_memory_price

@@ -16,11 +16,11 @@ from dilu.keys import Need, allows
 from dilu.limits import LimitExceeded, check_json_depth
 from gateway.catalogue import FunctionEntry
 from gateway.limits import BodyTooLarge, read_capped
+from gateway.needs import GuardedModels
 from gateway.openai import protocol
 from gateway.openai.completions import Completion, OpenAIError
 from gateway.openai.embeddings import embeddings
 from gateway.openai.text import RequestError, text_request
-from gateway.services import GatewayServices
 
 router = APIRouter(prefix="/v1", tags=["OpenAI-compatible"])
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -38,7 +38,7 @@ def _answer(exc: OpenAIError) -> JSONResponse:
     return JSONResponse(error_document(exc.status, exc.message, exc.param, exc.code), status_code=exc.status)
 
 
-async def _scopes(services: GatewayServices, request: Request, model: str | None = None) -> tuple[str, ...]:
+async def _scopes(services: GuardedModels, request: Request, model: str | None = None) -> tuple[str, ...]:
     """The key's scopes once it is known valid (401 otherwise), and allowed to invoke ``model``
     when one is named (403 otherwise)."""
     header = request.headers.get("authorization")
@@ -69,7 +69,7 @@ async def _read(request: Request, model: type[BaseModel], limit: int) -> Any:
                           else None) from None
 
 
-async def _function(services: GatewayServices, name: str, generates: str) -> FunctionEntry:
+async def _function(services: GuardedModels, name: str, generates: str) -> FunctionEntry:
     entry = services.functions.get(name)
     if entry is None:
         await services.functions.refresh(name)
@@ -104,7 +104,7 @@ def _doc(request_model: str, response_model: str, stream: bool = False) -> dict[
             responses={401: {"description": "No valid API key", "model": protocol.ErrorResponse}})
 async def list_models(request: Request) -> Response:
     """The text generators and encoders the key may use."""
-    services: GatewayServices = request.app.state.services
+    services: GuardedModels = request.app.state.services
     try:
         scopes = await _scopes(services, request)
     except OpenAIError as exc:
@@ -119,7 +119,7 @@ async def list_models(request: Request) -> Response:
 
 async def _complete(request: Request, model: type[protocol.CompletionRequest | protocol.ChatCompletionRequest]
                     ) -> Response:
-    services: GatewayServices = request.app.state.services
+    services: GuardedModels = request.app.state.services
     try:
         await _scopes(services, request)
         body = await _read(request, model, services.settings.max_request_bytes)
@@ -156,7 +156,7 @@ async def chat_completions(request: Request) -> Response:
 @router.post("/embeddings", **_doc("EmbeddingRequest", "EmbeddingResponse"))
 async def create_embeddings(request: Request) -> Response:
     """Embeds texts with an encoder (``generates: embeddings``)."""
-    services: GatewayServices = request.app.state.services
+    services: GuardedModels = request.app.state.services
     try:
         await _scopes(services, request)
         body = await _read(request, protocol.EmbeddingRequest, services.settings.max_request_bytes)

@@ -24,10 +24,10 @@ from dilu.state.base import Channel
 from gateway.auth import is_admin
 from gateway.deps import ServicesDep, SessionDep
 from gateway.docs import AUTH_ERRORS, SECURED, errors
+from gateway.needs import Control
 from gateway.paging import MAX_PAGE, NEXT_PAGE_DOC, link_next, one_page
 from gateway.routing import RoutingTable
 from gateway.schemas import DeployRequest, EventPublic, FunctionPublic, InstancePublic, SliceUpdate
-from gateway.services import GatewayServices
 
 router = APIRouter(prefix="/v1/functions", tags=["functions"], dependencies=SECURED, responses=AUTH_ERRORS)
 
@@ -75,7 +75,7 @@ def _without_key(endpoint: str | None) -> str | None:
     return f"{scheme}://{rest.split('/', 1)[0]}"
 
 
-def check_code(body: DeployRequest, spec: FunctionSpec, services: GatewayServices) -> None:
+def check_code(body: DeployRequest, spec: FunctionSpec, services: Control) -> None:
     """Exactly one place the code comes from, and the handler's module (and any labels file) is in
     it (SpecError if not)."""
     given = [what for what in ("bundle", "source_dir") if getattr(body, what)] + (["image"] if spec.image else [])
@@ -119,7 +119,7 @@ def check_labels(spec: FunctionSpec, source_dir: str, bundle: bytes | None) -> N
                              "function's folder"]) from None
 
 
-def check_weights(spec: FunctionSpec, services: GatewayServices) -> None:
+def check_weights(spec: FunctionSpec, services: Control) -> None:
     """The spec's weights artifact is in the store (SpecError naming it if not)."""
     if spec.weights and not ArtifactStore(services.settings.effective_artifact_store).has(spec.weights):
         raise SpecError([f"weights: artifact {spec.weights} is not stored: upload it first with "

@@ -12,7 +12,7 @@ from dilu.db.models import FunctionRow, InstanceRow, WorkerRow
 from dilu.messages import ACTIVE_STATES
 from gateway.deps import ServicesDep
 from gateway.docs import AUTH_ERRORS, SECURED
-from gateway.services import GatewayServices
+from gateway.needs import Control
 
 router = APIRouter(tags=["system"])
 
@@ -22,7 +22,7 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-async def _pools(services: GatewayServices, workers: list[WorkerRow]) -> dict:
+async def _pools(services: Control, workers: list[WorkerRow]) -> dict:
     """Each live worker's runtime pool and token manager timing, asked of the worker itself (best
     effort, bounded)."""
     async def one(worker: WorkerRow) -> tuple[str, dict]:

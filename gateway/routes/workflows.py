@@ -21,8 +21,8 @@ from gateway.deps import ServicesDep, WorkflowsDep
 from gateway.docs import AUTH_ERRORS, SECURED, ErrorBody, errors
 from gateway.errors import error_response
 from gateway.limits import BodyTooLarge, read_capped
+from gateway.needs import Control
 from gateway.paging import MAX_PAGE, NEXT_PAGE_DOC, one_page
-from gateway.services import GatewayServices
 
 router = APIRouter(prefix="/v1/workflows", tags=["workflows"], dependencies=SECURED, responses=AUTH_ERRORS)
 
@@ -96,7 +96,7 @@ async def list_workflows(request: Request, response: Response, services: Service
     return [_public(row, request) for row in rows]
 
 
-async def _load(services: GatewayServices, name: str) -> WorkflowRow:
+async def _load(services: Control, name: str) -> WorkflowRow:
     def read() -> WorkflowRow | None:
         with services.sessions() as session:
             return repo.get_workflow(session=session, name=name)

@@ -17,7 +17,7 @@ import numpy as np
 from dilu.bundles import read_code_file
 from dilu.db import repo
 from dilu.spec import TensorSpec
-from gateway.services import GatewayServices
+from gateway.needs import Stored
 from gateway.v2.inference import Model, ProtocolError, Result
 from gateway.v2.model_info import batch_bound
 
@@ -34,7 +34,7 @@ def class_count(value: object, output: str) -> int:
     return value
 
 
-async def _labels_of(services: GatewayServices, model: Model, spec: TensorSpec) -> list[str] | None:
+async def _labels_of(services: Stored, model: Model, spec: TensorSpec) -> list[str] | None:
     if spec.labels is None:
         return None
     key = (model.name, model.version, spec.labels)
@@ -71,7 +71,7 @@ def _top(scores: np.ndarray, count: int, labels: list[str] | None) -> list[bytes
     return named
 
 
-async def classify(services: GatewayServices, result: Result, counts: dict[str, int]) -> Result:
+async def classify(services: Stored, result: Result, counts: dict[str, int]) -> Result:
     """``result`` with each output in ``counts`` replaced by its top classes."""
     model, batched = result.model, batch_bound(result.model.spec) > 0
     outputs = []

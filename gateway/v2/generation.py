@@ -24,10 +24,10 @@ from pydantic import ValidationError
 
 from dilu.instance_protocol import NOT_STREAMING_HEADER
 from gateway.invocation import Invocation
+from gateway.needs import StoredModels
 from gateway.openai.protocol import CompletionRequest
 from gateway.openai.text import RequestError, StopScanner, TextRequest
 from gateway.openai.text import text_request as text_request_of
-from gateway.services import GatewayServices
 from gateway.streams import StreamError
 from gateway.v2.classification import classify
 from gateway.v2.inference import (
@@ -92,7 +92,7 @@ def _text_result(model: Model, request: Inference, text: str) -> Result:
     return Result(model=model, outputs=[(TEXT_OUTPUT, array)], id=request.id)
 
 
-async def _open(services: GatewayServices, model: Model, body: bytes | memoryview, content_type: str = "",
+async def _open(services: StoredModels, model: Model, body: bytes | memoryview, content_type: str = "",
                 tensors: str | None = None) -> Any:
     """The relay of a stream request; None when the function does not stream."""
     kwargs = {"content_type": content_type, "tensors": tensors} if content_type else {}
@@ -107,7 +107,7 @@ async def _open(services: GatewayServices, model: Model, body: bytes | memoryvie
     raise ProtocolError(outcome.status, error_message(outcome.body))
 
 
-async def _text_chunks(services: GatewayServices, model: Model, generation: TextRequest) -> AsyncIterator[str]:
+async def _text_chunks(services: StoredModels, model: Model, generation: TextRequest) -> AsyncIterator[str]:
     """The generated text as it comes, cut at the stop strings the platform enforces."""
     relay = await _open(services, model, orjson.dumps(generation.payload))
     if relay is None:
@@ -129,13 +129,13 @@ async def _text_chunks(services: GatewayServices, model: Model, generation: Text
         relay.close()
 
 
-async def whole_text(services: GatewayServices, model: Model, request: Inference) -> Result:
+async def whole_text(services: StoredModels, model: Model, request: Inference) -> Result:
     """A text request answered once, with the whole generated text."""
     generation, _ = text_request(model, request)
     return _text_result(model, request, "".join([text async for text in _text_chunks(services, model, generation)]))
 
 
-async def stream_results(services: GatewayServices, model: Model, request: Inference) -> AsyncIterator[Result]:
+async def stream_results(services: StoredModels, model: Model, request: Inference) -> AsyncIterator[Result]:
     """The results of one stream request, as the function makes them."""
     if model.text:
         generation, stream = text_request(model, request)
@@ -160,7 +160,7 @@ async def stream_results(services: GatewayServices, model: Model, request: Infer
         raise ProtocolError(exc.status, exc.message) from None
 
 
-async def infer(services: GatewayServices, model: Model, request: Inference) -> Result:
+async def infer(services: StoredModels, model: Model, request: Inference) -> Result:
     """One request answered once: a text generator's whole text, else the function's tensors."""
     if model.text:
         return await whole_text(services, model, request)

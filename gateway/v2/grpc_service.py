@@ -29,7 +29,7 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from dilu.keys import Need
-from gateway.services import GatewayServices
+from gateway.needs import GuardedModels
 from gateway.v2.classification import class_count
 from gateway.v2.generation import infer, stream_results
 from gateway.v2.inference import (
@@ -114,7 +114,7 @@ def decode(model: Model, request: Any) -> Inference:
 
 
 class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, services_of: Callable[[], GatewayServices]) -> None:
+    def __init__(self, services_of: Callable[[], GuardedModels]) -> None:
         self._services_of = services_of
         self.listening: tuple[str, int] | None = None    # (host, port), once bound
 
@@ -282,7 +282,7 @@ def _peer_address(peer: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
-async def start_grpc(host: str, port: int, services_of: Callable[[], GatewayServices],
+async def start_grpc(host: str, port: int, services_of: Callable[[], GuardedModels],
                      max_message_bytes: int) -> tuple[grpc.aio.Server, int]:
     """A started gRPC server on ``host:port`` (0: a free port) and the port it took."""
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", max_message_bytes),

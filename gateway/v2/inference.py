@@ -22,7 +22,7 @@ from dilu.messages import FunctionStatus
 from dilu.spec import SpecModel, TensorSpec
 from gateway.catalogue import FunctionEntry
 from gateway.invocation import JSON, Invocation
-from gateway.services import GatewayServices
+from gateway.needs import Models
 from gateway.v2.tensors import TensorError, from_handler, handler_body
 
 SERVER_NAME = "dilu"
@@ -125,7 +125,7 @@ def with_text_tensors(spec: SpecModel) -> SpecModel:
     return spec.model_copy(update={"inputs": TEXT_INPUTS, "outputs": [TEXT_OUTPUT]})
 
 
-async def find_model(services: GatewayServices, name: str, version: str | None = None) -> Model:
+async def find_model(services: Models, name: str, version: str | None = None) -> Model:
     """The model ``name`` (at ``version``, when given), or a 404 naming what is missing."""
     entry: FunctionEntry | None = services.functions.get(name)
     if entry is None:
@@ -197,7 +197,7 @@ def outputs_of(model: Model, produced: Any, wanted: list[str] | None) -> list[tu
     return outputs
 
 
-async def infer_tensors(services: GatewayServices, model: Model, request: Inference) -> Result:
+async def infer_tensors(services: Models, model: Model, request: Inference) -> Result:
     """Runs ``request`` on ``model`` through Dilu's invoke path; outputs in the order asked for."""
     if request.outputs:
         for name in request.outputs:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from dilu.spec import SpecModel, TensorSpec
-from gateway.services import GatewayServices
+from gateway.needs import Models
 from gateway.statistics import ModelStats
 from gateway.v2.inference import SERVER_NAME, Model, ProtocolError, find_model
 
@@ -68,7 +68,7 @@ def statistics(model: Model, kept: dict[int, ModelStats], version: str | None = 
     return [stats.to_wire(model.name, str(number)) for number, stats in sorted(kept.items())]
 
 
-async def every_model_statistics(services: GatewayServices) -> list[dict[str, Any]]:
+async def every_model_statistics(services: Models) -> list[dict[str, Any]]:
     """The statistics of every function served over the protocol, by name."""
     found = []
     for name in sorted(services.functions.names()):

@@ -18,7 +18,7 @@ from dilu.spec import DATATYPES
 from gateway.docs import AUTH_ERRORS, SECURED, errors
 from gateway.errors import error_response
 from gateway.limits import BodyTooLarge, read_capped
-from gateway.services import GatewayServices
+from gateway.needs import GuardedModels
 from gateway.v2.generation import infer
 from gateway.v2.inference import EXTENSIONS, NO_SHARED_MEMORY, SERVER_NAME, ProtocolError, find_model, not_served_reason
 from gateway.v2.model_info import configuration, every_model_statistics, statistics
@@ -208,7 +208,7 @@ def _error_answer(exc: ProtocolError) -> Answer:
                   {"retry-after": "1"} if exc.status == 429 else {}, "application/json")
 
 
-async def answer_infer(services: GatewayServices, name: str, version: str | None,
+async def answer_infer(services: GuardedModels, name: str, version: str | None,
                        read_body: Callable[[int], Awaitable[bytes]], header_length: str | None) -> Answer:
     """One inference request, start to end: what both the documented route and the gateway's
     fast path (``gateway.fast_path``) answer. ``read_body(limit)`` raises ``BodyTooLarge``."""

@@ -6,7 +6,7 @@ import pytest
 
 from dilu.addresses import is_loopback
 from dilu.keys import Need, allows, check_scopes, hash_secret, new_key, parse, secret_matches
-from gateway.auth import need_for
+from gateway.route_table import route_of
 
 
 def test_a_new_key_parses_and_matches_only_its_hash() -> None:
@@ -73,11 +73,26 @@ def test_unknown_scopes_are_refused(bad: list[str]) -> None:
     ("GET", "/v1/workflows/amber", Need.READ, None),
 ])
 def test_every_route_needs_a_scope(method: str, path: str, need: Need | None, function: str | None) -> None:
-    assert need_for(method, path, metrics_public=True) == (need, function)
+    route = route_of(method, path, metrics_public=True)
+    assert (route.need, route.function) == (need, function)
 
 
 def test_metrics_can_need_a_key() -> None:
-    assert need_for("GET", "/metrics", metrics_public=False) == (Need.READ, None)
+    assert route_of("GET", "/metrics", metrics_public=False).need == Need.READ
+
+
+@pytest.mark.parametrize(("method", "path", "own_body", "invocation", "fast"), [
+    ("POST", "/v1/functions/f/invoke", True, True, "invoke"),
+    ("POST", "/v2/models/m/versions/2/infer", True, True, "infer"),
+    ("POST", "/v1/chat/completions", True, True, None),
+    ("POST", "/v1/workflows/w/invoke", True, False, None),
+    ("PUT", "/v1/artifacts/sha256:ab", True, False, None),
+    ("POST", "/v1/functions", False, False, None),          # a deploy: bounded, never stopped half-way
+    ("DELETE", "/v1/functions/f", False, False, None),
+])
+def test_one_table_tells_every_layer_its_part(method, path, own_body, invocation, fast) -> None:
+    route = route_of(method, path, metrics_public=True)
+    assert (route.own_body, route.invocation, route.fast) == (own_body, invocation, fast)
 
 
 @pytest.mark.parametrize(("host", "loopback"), [("127.0.0.1", True), ("127.0.0.3", True), ("::1", True),
