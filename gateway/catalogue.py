@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +40,7 @@ class FunctionCache:
         self._sessions = sessions
         self._routing = routing
         self._entries: dict[str, FunctionEntry] = {}
+        self.on_gone: list[Callable[[str], None]] = []    # told of each function that is deleted
 
     def get(self, name: str) -> FunctionEntry | None:
         return self._entries.get(name)
@@ -63,6 +65,8 @@ class FunctionCache:
         for missing in gone:
             self._entries.pop(missing, None)
             self._routing.forget(missing)
+            for tell in self.on_gone:
+                tell(missing)
         for entry in entries:
             self._entries[entry.name] = entry
             self._routing.set_failure(entry.name, entry.error if entry.status == FunctionStatus.FAILED else None)

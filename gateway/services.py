@@ -61,6 +61,7 @@ class GatewayServices:
         self.invoker = Invoker(settings=settings, functions=self.functions, routing=self.routing,
                                forwarder=self.forwarder, activity=self.activity, signal_demand=self.signal_demand,
                                stream_times=self.stream_times)
+        self.functions.on_gone.append(self.invoker.stats.forget)     # a deleted function's statistics go too
         self._background: set[asyncio.Task] = set()
         self.shares = ShareHistory()       # the dashboard's granted/used shares over time
         self._tasks: list[asyncio.Task] = []

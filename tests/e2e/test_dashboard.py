@@ -177,5 +177,8 @@ def test_with_many_functions_the_page_lists_the_busy_ones_first_and_filters_by_n
         By.CSS_SELECTOR, "#functions tr[data-function]")] == [f"idle-14{digit}" for digit in range(10)],
           "the ten functions whose name holds idle-14")
     assert 'holds "idle-14"' in browser.find_element(By.ID, "functions-shown").text
-    for bad in ({"match": "%"}, {"match": "a_b"}, {"limit": 0}, {"limit": 5000}):
+    for bad in ({"match": "%"}, {"match": "a b"}, {"limit": 0}, {"limit": 5000}):
         assert platform.http.get("/v1/dashboard", params=bad).status_code == 422, bad
+    # "_" is a name's own character, matched as itself (LIKE would read it as any character).
+    literal = platform.http.get("/v1/dashboard", params={"match": "e_1"})
+    assert literal.status_code == 200 and literal.json()["functions"] == [], literal.text
