@@ -39,19 +39,9 @@ class ContentEncoding:
             return
         headers = [(name, value) for name, value in scope["headers"]
                    if name not in (b"content-encoding", b"content-length")]
-        started = False
-
-        async def tracking(message: dict) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app({**scope, "headers": headers}, _decoding(receive, wbits), tracking)
-        except BodyNotDecodable as exc:
-            if started:
-                raise
-            await _refuse(send, 400, str(exc))
+        # A body that does not decode raises BodyNotDecodable from receive(): gateway.errors
+        # answers it 400.
+        await self.app({**scope, "headers": headers}, _decoding(receive, wbits), send)
 
 
 def _decoding(receive: Callable, wbits: int) -> Callable:

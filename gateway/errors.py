@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dilu.failures import DATABASE_DOWN, STATE_STORE_DOWN
+from gateway.encoding import BodyNotDecodable
 
 RETRY_AFTER_S = "5"
 
@@ -63,6 +64,10 @@ def install_error_handlers(app: FastAPI) -> None:
 
     for kind in (*DATABASE_DOWN, *STATE_STORE_DOWN):
         app.add_exception_handler(kind, store_down)
+
+    @app.exception_handler(BodyNotDecodable)
+    async def not_decodable(_: Request, exc: BodyNotDecodable) -> JSONResponse:
+        return error_response(400, str(exc))
 
     @app.exception_handler(Exception)
     async def unexpected(_: Request, exc: Exception) -> JSONResponse:
@@ -129,14 +134,17 @@ class KeepsConnections:
             await self.app(scope, receive, tracking)
         except Exception as exc:  # the last line of defence for one request
             down = outage(exc)
-            if down is None:
+            bad_body = isinstance(exc, BodyNotDecodable)    # the client's fault: a 400 naming it
+            if down is None and not bad_body:
                 log.exception("unexpected error on %s %s", scope.get("method"), scope.get("path"))
             if not started:
-                message = down or f"internal error in the gateway ({type(exc).__name__}); it is logged"
+                message = str(exc) if bad_body else \
+                    down or f"internal error in the gateway ({type(exc).__name__}); it is logged"
                 body = json.dumps({"error": message}).encode()
                 headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                            (ERROR_HEADER.encode(), error_header(message).encode())]
                 if down:
                     headers.append((b"retry-after", RETRY_AFTER_S.encode()))
-                await send({"type": "http.response.start", "status": 503 if down else 500, "headers": headers})
+                status = 400 if bad_body else 503 if down else 500
+                await send({"type": "http.response.start", "status": status, "headers": headers})
                 await send({"type": "http.response.body", "body": body})
