@@ -96,7 +96,7 @@ async def test_below_the_profiled_batch_a_batch_still_waits_to_fill() -> None:
 
 @pytest.mark.parametrize(("label", "predict", "message"), [
     ("handler raises", lambda xs: 1 / 0, "ZeroDivisionError"),
-    ("wrong length", lambda xs: xs[:-1], "must return a list of 1 results"),
+    ("wrong length", lambda xs: xs[:-1], "must return a list of 2 results, one per input of its batch; got 1"),
     ("not a list", lambda xs: "nope", "got str"),
 ])
 async def test_errors_every_input_hits_reach_every_caller(label, predict, message) -> None:
@@ -105,6 +105,18 @@ async def test_errors_every_input_hits_reach_every_caller(label, predict, messag
     results = await asyncio.gather(batcher.submit(1), batcher.submit(2), return_exceptions=True)
     runner.cancel()
     assert all(isinstance(r, BatchError) and message in str(r) for r in results), (label, results)
+
+
+async def test_a_batch_answered_with_too_few_results_fails_whole_and_is_logged(caplog) -> None:
+    # Its first result for every batch: bisection would end at batches of one, each answered.
+    batcher = Batcher(lambda xs: xs[:1], max_batch_size=4, max_wait_s=30.0)
+    runner = asyncio.create_task(batcher.run())
+    results = await asyncio.gather(*(batcher.submit(x) for x in range(4)), return_exceptions=True)
+    runner.cancel()
+    assert all(isinstance(r, BatchError) and r.status == 500 and "list of 4 results" in str(r) and "got 1" in str(r)
+               for r in results), results
+    assert [r.getMessage() for r in caplog.records].count(
+        "handler broke its contract: predict() must return a list of 4 results, one per input of its batch; got 1") == 1
 
 
 def picky(inputs: list) -> list:

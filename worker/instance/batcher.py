@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -10,6 +11,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from dilu.handler import InputError
+
+
+log = logging.getLogger(__name__)
+LOGGED_KEPT = 100     # distinct handler contract errors logged, at most (each once)
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,11 @@ class BatchError(Exception):
     def __init__(self, message: str, status: int = 500) -> None:
         super().__init__(message)
         self.status = status
+
+
+class ContractError(BatchError):
+    """The handler answered a batch in a shape it must not (a wrong number of results): the whole
+    batch's failure, named with both counts, never bisected away."""
 
 
 class HandedOver(BatchError):
@@ -70,6 +80,7 @@ class Batcher:
         self._wait = max_wait_s
         self._executor = executor
         self._queue: asyncio.Queue[tuple[Any, asyncio.Future, float]] = asyncio.Queue()
+        self._logged: set[str] = set()
         self.abandoned = 0      # inputs dropped before their batch ran: their callers had left
 
     def queued(self) -> int:
@@ -123,6 +134,12 @@ class Batcher:
         started = time.perf_counter()
         try:
             outputs = await self._call(loop, inputs)
+        except ContractError as exc:
+            # Not an input's fault, so no halving: halves would hide it down to batches of one.
+            self._log_once(str(exc))
+            for _, future, _ in batch:
+                self._settle(future, exc)
+            return
         except Exception as exc:  # noqa: BLE001 - the handler's failure, whatever it is, is the request's answer
             if len(batch) == 1:
                 self._settle(batch[0][1], exc)
@@ -143,9 +160,15 @@ class Batcher:
     async def _call(self, loop: asyncio.AbstractEventLoop, inputs: list[Any]) -> list[Any]:
         outputs = await loop.run_in_executor(self._executor, self._predict, inputs)
         if not isinstance(outputs, (list, tuple)) or len(outputs) != len(inputs):
-            got = len(outputs) if isinstance(outputs, (list, tuple)) else type(outputs).__name__
-            raise BatchError(f"predict() must return a list of {len(inputs)} results, got {got}")
+            got = str(len(outputs)) if isinstance(outputs, (list, tuple)) else type(outputs).__name__
+            raise ContractError(f"predict() must return a list of {len(inputs)} results, one per input of its "
+                                f"batch; got {got}")
         return list(outputs)
+
+    def _log_once(self, message: str) -> None:
+        if message not in self._logged and len(self._logged) < LOGGED_KEPT:
+            self._logged.add(message)
+            log.error("handler broke its contract: %s", message)
 
     @staticmethod
     def _settle(future: asyncio.Future, exc: BaseException) -> None:
