@@ -12,7 +12,6 @@ from typing import Any
 
 from dilu.handler import InputError
 
-
 log = logging.getLogger(__name__)
 LOGGED_KEPT = 100     # distinct handler contract errors logged, at most (each once)
 
