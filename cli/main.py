@@ -31,6 +31,8 @@ app.add_typer(keys_app, name="keys")
 app.command("simulate")(simulate)
 app.add_typer(workflow_app, name="workflow")
 _client, _fail = client, fail
+FOLLOW_POLL_S = 1.0      # dilu logs -f: how often the logs are read again
+FOLLOW_TAIL = 1000       # and how many of each instance's last lines each read takes
 
 
 def _run(coroutine: Coroutine[Any, Any, None]) -> None:
@@ -353,18 +355,46 @@ def logs(
     name: str,
     tail: Annotated[int, typer.Option(help="Lines per instance")] = 100,
     instances: Annotated[int, typer.Option(help="How many of the newest instances")] = 3,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines until Ctrl-C")] = False,
 ) -> None:
     """Print the logs of a function's newest instances (failed ones included)."""
-    result = call("GET", f"/v1/functions/{name}/logs",
-                  params={"tail": tail, "instances": instances})
-    if not result["instances"]:
+    result = call("GET", f"/v1/functions/{name}/logs", params={"tail": tail, "instances": instances})
+    if not result["instances"] and not follow:
         out.print(f"{name} has no instances yet")
+    seen: dict[str, list[str]] = {}
     for item in result["instances"]:
         out.print(f"==> {item['instance']} ({item['state']}) <==", highlight=False, style="bold")
         if item["error"]:
             out.print(f"error: {item['error']}", highlight=False)
         sys.stdout.write(item["log"].rstrip("\n") + "\n")
         sys.stdout.flush()
+        seen[item["instance"]] = item["log"].splitlines()
+    if follow:
+        _follow(name, instances, seen)
+
+
+def _follow(name: str, instances: int, seen: dict[str, list[str]]) -> None:
+    """Polls the logs once a second and prints what is new, each instance's under its name."""
+    from cli.follow import new_lines
+
+    last = None
+    try:
+        while True:
+            time.sleep(FOLLOW_POLL_S)
+            result = call("GET", f"/v1/functions/{name}/logs", params={"tail": FOLLOW_TAIL, "instances": instances})
+            for item in result["instances"]:
+                current = item["log"].splitlines()
+                fresh = new_lines(seen.get(item["instance"], []), current)
+                seen[item["instance"]] = current
+                if not fresh:
+                    continue
+                if item["instance"] != last:
+                    out.print(f"==> {item['instance']} ({item['state']}) <==", highlight=False, style="bold")
+                    last = item["instance"]
+                sys.stdout.write("\n".join(fresh) + "\n")
+                sys.stdout.flush()
+    except KeyboardInterrupt:
+        return
 
 
 @app.command()

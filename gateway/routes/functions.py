@@ -18,7 +18,7 @@ from dilu.db import repo
 from dilu.db.models import FunctionRow, InstanceRow, WorkerRow
 from dilu.messages import READY, STARTING, InstanceRole
 from dilu.snapshot import check_resize
-from dilu.source import check_handler_source
+from dilu.source import check_handler_source, streaming_refusal
 from dilu.spec import ClusterDefaults, FunctionSpec, SpecError, make_spec, spec_from_dict, spec_to_dict
 from dilu.state.base import Channel
 from gateway.auth import is_admin
@@ -102,6 +102,22 @@ def check_code(body: DeployRequest, spec: FunctionSpec, services: Control) -> No
             module = spec.handler.split(":", 1)[0]
             raise SpecError([f"handler: module {module!r} not found in the bundle"])
     check_labels(spec, body.source_dir or "", data)
+    if spec.generates == "text" and not spec.image:
+        check_streams(spec, body.source_dir or "", data)
+
+
+def check_streams(spec: FunctionSpec, source_dir: str, bundle: bytes | None) -> None:
+    """A text generator's handler class can stream (SpecError naming what it lacks if not)."""
+    base = spec.handler.split(":", 1)[0].replace(".", "/")
+    for name in (f"{base}.py", f"{base}/__init__.py"):
+        try:
+            source = read_code_file(source_dir, bundle, name).decode("utf-8", "replace")
+        except KeyError:
+            continue
+        why = streaming_refusal(source, spec.handler)
+        if why is not None:
+            raise SpecError([why])
+        return
 
 
 def check_labels(spec: FunctionSpec, source_dir: str, bundle: bytes | None) -> None:

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import signal
+import subprocess
+import threading
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.conftest import FIXTURE_FUNCTIONS
+from tests.platform import dilu_executable
 from tests.waiting import eventually
 
 
@@ -40,6 +45,8 @@ def _write(tmp_path: Path, text: str, handler_from: str | None = "ok") -> Path:
     ("mistyped field", "name: x\nhandler: handler:Echo\nscaling:\n  max_instances: many\n",
      "scaling.max_instances (line 4)"),
     ("handler module that does not exist", "name: x\nhandler: nowhere:Thing\n", "module 'nowhere' not found"),
+    ("text generator that cannot stream", "name: x\nhandler: handler:Echo\ngenerates: text\n",
+     "generates: text, but the handler class 'Echo' has no start and step()"),
 ])
 def test_invalid_specs_are_refused_by_deploy(serving, tmp_path: Path, label: str, yaml_text: str,
                                              message: str) -> None:
@@ -179,3 +186,26 @@ async def test_a_bad_input_in_a_batch_fails_only_its_own_request(serving, tmp_pa
     assert "negative number" in replies[4].json()["error"]
     assert max(int(r.headers["x-dilu-batch-size"]) for r in replies if r.status_code == 200) > 1, \
         "the requests were batched together"
+    # The failure's traceback is in the instance's log, once however many requests hit it, and
+    # `dilu logs -f` prints it as it comes.
+    following = subprocess.Popen([dilu_executable(), "logs", "picky", "--follow"], stdout=subprocess.PIPE,
+                                 text=True, env={**os.environ, **serving.env, "DILU_URL": serving.url})
+    printed: list[str] = []
+
+    def read() -> None:
+        for line in following.stdout:
+            printed.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    for _ in range(3):
+        assert serving.invoke("picky", {"x": -4}).status_code == 500
+    eventually(lambda: any("predict() failed" in line for line in printed), timeout=30, what="logs -f to print it")
+    following.send_signal(signal.SIGINT)
+    assert following.wait(30) == 0
+    reader.join(10)
+    following.stdout.close()
+    logs = serving.cli("logs", "picky").stdout
+    assert logs.count("predict() failed") == 1, logs
+    assert "Traceback" in logs and "RuntimeError: cannot take the square root of a negative number" in logs
+    assert "x must be a number" not in logs        # the caller's own mistake is theirs to read, not logged

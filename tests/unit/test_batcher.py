@@ -163,3 +163,22 @@ async def test_an_input_whose_caller_left_is_dropped_before_its_batch_runs() -> 
     assert (await first).output == 2 and (await stays).output == 6
     runner.cancel()
     assert model.sizes == [1, 1] and batcher.abandoned == 1
+
+
+async def test_a_handler_failure_is_logged_with_its_traceback_once(caplog) -> None:
+    def fails(inputs: list) -> list:
+        if inputs == ["bad"]:
+            raise InputError("'bad' is the caller's to fix")
+        return [{"x": 1}[item] for item in inputs]      # KeyError for anything but "x"
+
+    batcher = Batcher(fails, max_batch_size=1, max_wait_s=0.0)
+    runner = asyncio.create_task(batcher.run())
+    for item in ("a", "b", "c"):
+        with pytest.raises(BatchError, match="KeyError"):
+            await batcher.submit(item)
+    with pytest.raises(BatchError, match="caller's to fix"):
+        await batcher.submit("bad")
+    runner.cancel()
+    logged = [r.getMessage() for r in caplog.records if r.name == "dilu.handler"]
+    assert len(logged) == 1 and "predict() failed" in logged[0] and "Traceback" in logged[0]
+    assert "KeyError: 'a'" in logged[0] and "in fails" in logged[0]

@@ -102,3 +102,17 @@ def test_a_stored_spec_reads_back_typed_and_follows_in_place_changes() -> None:
     assert row.typed_spec.batching.max_batch_size == 4 and row.typed_spec.function_class == "latency"
     row.spec = {**row.spec, "resources": {**row.spec["resources"], "sm_request": 0.2, "sm_limit": 0.4}}
     assert (row.typed_spec.resources.sm_request, row.typed_spec.resources.sm_limit) == (0.2, 0.4)
+
+
+def test_a_text_generator_must_be_able_to_stream() -> None:
+    from dilu.source import streaming_refusal
+
+    plain = "class Echo:\n    def predict(self, inputs):\n        return inputs\n"
+    assert "has no start and step()" in streaming_refusal(plain, "handler:Echo")
+    half = "from dilu import Handler\nclass Gen(Handler):\n    def start(self, request):\n        return {}\n"
+    assert "has no step()" in streaming_refusal(half, "handler:Gen")
+    whole = "class Gen:\n    def start(self, r):\n        return r\n    def step(self, states):\n        return []\n"
+    assert streaming_refusal(whole, "handler:Gen") is None
+    inherited = "from base import Streaming\nclass Gen(Streaming):\n    pass\n"
+    assert streaming_refusal(inherited, "handler:Gen") is None       # it may inherit them: not refused
+    assert streaming_refusal("def broken(:\n", "handler:Gen") is None  # the load reports a syntax error

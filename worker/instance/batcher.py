@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dilu.handler import InputError
+from worker.instance.failures import HandlerFailures
 
 log = logging.getLogger(__name__)
 LOGGED_KEPT = 100     # distinct handler contract errors logged, at most (each once)
@@ -80,6 +81,7 @@ class Batcher:
         self._executor = executor
         self._queue: asyncio.Queue[tuple[Any, asyncio.Future, float]] = asyncio.Queue()
         self._logged: set[str] = set()
+        self.failures = HandlerFailures()
         self.abandoned = 0      # inputs dropped before their batch ran: their callers had left
 
     def queued(self) -> int:
@@ -141,6 +143,7 @@ class Batcher:
             return
         except Exception as exc:  # noqa: BLE001 - the handler's failure, whatever it is, is the request's answer
             if len(batch) == 1:
+                self.failures.failed(exc, "predict")
                 self._settle(batch[0][1], exc)
                 return
             # Isolate the failing input(s) by halving: halves that succeed are served as a batch,

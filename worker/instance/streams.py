@@ -32,6 +32,7 @@ from typing import Any
 from dilu.handler import InputError, Last
 from dilu.instance_protocol import stream_done, stream_error
 from worker.instance.batcher import BatchError, HandedOver, as_error
+from worker.instance.failures import HandlerFailures
 
 _END = object()
 MAX_WAITING_CHUNKS = 64
@@ -104,6 +105,7 @@ class StreamRunner:
                  on_step: Callable[[int], None] | None = None, stall_s: float = 30.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._handler = handler
+        self.failures = HandlerFailures()
         self._max = max_batch_size
         self._executor = executor
         self._waiting: asyncio.Queue[tuple[Stream, Any]] = asyncio.Queue()
@@ -189,6 +191,7 @@ class StreamRunner:
             try:
                 state = await loop.run_in_executor(self._executor, self._handler.start, request)
             except Exception as exc:  # noqa: BLE001 - the handler's refusal is this request's answer
+                self.failures.failed(exc, "start")
                 stream.end(exc)
                 continue
             admitted.append((stream, state))
@@ -203,6 +206,7 @@ class StreamRunner:
                 got = len(chunks) if isinstance(chunks, (list, tuple)) else type(chunks).__name__
                 raise BatchError(f"step() must return a list of {len(states)} chunks, got {got}")
         except Exception as exc:  # noqa: BLE001 - a failed step fails the requests that were in it
+            self.failures.failed(exc, "step")
             for stream, _ in running:
                 stream.end(exc)
             return []
