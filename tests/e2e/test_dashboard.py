@@ -34,8 +34,11 @@ TRAINING_COLOUR = (0x33, 0x66, 0xCC)   # the first colour of the page's palette:
 
 @pytest.fixture
 def browser():
-    assert CHROMIUM and CHROMEDRIVER, \
-        "the dashboard tests need Debian's chromium and chromium-driver (.ci/run installs them)"
+    if not (CHROMIUM and CHROMEDRIVER):    # as the docker tests without an engine: said, not failed
+        missing = " and ".join(name for name, found in (("chromium", CHROMIUM), ("chromium-driver", CHROMEDRIVER))
+                               if not found)
+        pytest.skip(f"the dashboard tests drive Chromium: {missing} not installed (Debian: apt-get install "
+                    "chromium chromium-driver; .ci/run installs them)")
     options = Options()
     options.binary_location = CHROMIUM
     for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
