@@ -64,6 +64,9 @@ class _Choice:
         finally:
             self._relay.close()
 
+    def close(self) -> None:
+        self._relay.close()
+
     def completion_tokens(self) -> int:
         reported = (self.usage or {}).get("completion_tokens")
         return reported if isinstance(reported, int) and reported >= 0 else self.chunks
@@ -124,7 +127,7 @@ class Completion:
 
     def close(self) -> None:
         for choice in self._choices:
-            choice._relay.close()
+            choice.close()
 
     def _document(self, choices: list[dict[str, Any]], final: bool) -> dict[str, Any]:
         kind = ("chat.completion" if final else "chat.completion.chunk") if self.chat else "text_completion"
