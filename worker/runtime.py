@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
 
-import dilu
 from dilu.config import WorkerSettings, parse_range
 from worker.backends.base import RuntimeBackend
-from worker.sandbox import private_temp_problem, runtime_problem
+from worker.reach import describe
+from worker.sandbox import (
+    interpreter_problem,
+    platform_paths,
+    platform_reach,
+    private_temp_problem,
+    runtime_problem,
+)
 from worker.uids import DEFAULT_REGISTRY, InstanceUser, UidRegistry
+
+log = logging.getLogger(__name__)
 
 
 def create_backend(settings: WorkerSettings) -> RuntimeBackend:
@@ -19,7 +28,12 @@ def create_backend(settings: WorkerSettings) -> RuntimeBackend:
         from worker.backends.process import ProcessBackend
         from worker.cgroups import CpuLimiter, InstanceGroups
 
-        users = _instance_users(settings) if os.geteuid() == 0 else None
+        if os.geteuid() == 0:
+            users = _instance_users(settings)
+        else:
+            users = None
+            if settings.python:
+                _check_interpreter(settings.python, "DILU_PYTHON")
         return ProcessBackend(state_dir=settings.home, python=settings.python, host=settings.host,
                               advertise_host=settings.effective_advertise_host, cpu=CpuLimiter(),
                               groups=InstanceGroups(), runtime_memory=settings.instance_runtime_memory,
@@ -35,31 +49,48 @@ def create_backend(settings: WorkerSettings) -> RuntimeBackend:
     raise ValueError(f"unknown runtime {settings.runtime!r}; known: process, docker")
 
 
-def _closed_folders(python: str) -> list[str]:
-    """The folders above the interpreter, its environment and Dilu that others cannot traverse."""
-    targets = (os.path.realpath(python), python, sys.prefix, os.path.dirname(os.path.dirname(dilu.__file__)))
-    closed = {str(folder) for target in targets for folder in Path(target).parents
-              if folder.is_dir() and not folder.stat().st_mode & 0o001}
+def _unreadable(paths: list[str]) -> list[str]:
+    """The folders among ``paths`` and above them that others cannot read or traverse."""
+    closed = set()
+    for path in paths:
+        for folder in (Path(path), *Path(path).parents):
+            if folder.is_dir() and (folder.stat().st_mode & 0o005) != 0o005:
+                closed.add(str(folder))
     return sorted(closed)
 
 
+def _check_interpreter(python: str, named: str) -> None:
+    """Refuses an instance interpreter that cannot import Dilu's instance runtime, naming that cause."""
+    problem = interpreter_problem(python)
+    if problem is not None:
+        raise RuntimeError(
+            f"instances cannot run with {python} ({named}): it cannot import Dilu's instance runtime ({problem}). "
+            f"Instances need a Python with Dilu installed: leave DILU_PYTHON unset to use the one running Dilu "
+            f"({sys.executable}), or install Dilu into that one")
+
+
 def _instance_users(settings: WorkerSettings) -> UidRegistry:
-    """A root worker's users for instances: one per function, from ``DILU_INSTANCE_UIDS``. A
-    worker whose Python those users cannot run refuses to start (instance code never runs as
-    root, and never silently falls back to it)."""
+    """A root worker's users for instances: one per function, from ``DILU_INSTANCE_UIDS``. Their
+    view of the host reaches the worker's Python and Dilu even below a folder others cannot
+    traverse (``worker.reach``); a worker whose Python they still cannot run refuses to start
+    (instance code never runs as root, and never silently falls back to it)."""
     first, last = parse_range(settings.instance_uids)
     python = settings.python or sys.executable
-    problem = runtime_problem(python, InstanceUser(first, first, f"uid {first}"), Path("/"))
-    if problem is not None:
-        closed = _closed_folders(python)
-        fix = f"`chmod o+x {' '.join(closed)}` opens traversal only" if closed else "make it readable by others"
-        raise RuntimeError(
-            f"instance code never runs as root, and the unprivileged instance users (uids {first}-{last}) cannot "
-            f"start the instance runtime with {python} ({problem}). Let them reach that Python ({fix}), point "
-            "DILU_PYTHON at an interpreter they can run, or run Dilu as a user other than root")
+    _check_interpreter(python, "DILU_PYTHON" if settings.python else "this Python")
     problem = private_temp_problem(python)
     if problem is not None:
         raise RuntimeError(
             "a root worker gives each instance a private /tmp and /dev/shm (a mount namespace of its own), and "
             f"cannot here ({problem}): run it with CAP_SYS_ADMIN, or as a user other than root")
+    reach = platform_reach(python)
+    problem = runtime_problem(python, InstanceUser(first, first, f"uid {first}"), reach)
+    if problem is not None:
+        folders = [f for f in _unreadable(platform_paths(python)) if not any(f == c.folder for c in reach)]
+        fix = f"`chmod o+rx {' '.join(folders)}`" if folders else "files readable by others"
+        raise RuntimeError(
+            f"instance code never runs as root, and the unprivileged instance users (uids {first}-{last}) cannot "
+            f"start the instance runtime with {python} ({problem}). They need its folders readable ({fix}), "
+            "or DILU_PYTHON at an interpreter they can read, or Dilu run as a user other than root")
+    if reach:
+        log.info("instances run as unprivileged users; in their view %s", describe(reach))
     return UidRegistry(settings.uid_registry or DEFAULT_REGISTRY, (first, last), settings.home)

@@ -20,6 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from worker import reach as reach_module
+from worker.reach import Cover
 from worker.uids import InstanceUser, UidRegistry
 
 _PR_SET_PDEATHSIG = 1
@@ -48,13 +50,14 @@ def set_dumpable() -> None:
         pass
 
 
-def private_temp(size_bytes: int, keep: tuple[str, ...] = ()) -> None:
+def private_temp(size_bytes: int, keep: tuple[str, ...] = (), reach: tuple[Cover, ...] = ()) -> None:
     """Gives the calling root process (about to become an instance) a mount namespace of its own
     with a fresh tmpfs of ``size_bytes`` on each of ``PRIVATE_TEMP``: what one function writes there,
     no other sees. Its mounts are slaves of the host's, so nothing it mounts reaches the host.
     ``keep``: folders inside those (the platform's own install, where it lives under /tmp) that
-    stay visible in the new ones, read-only (``kept_in_temp``). Raises OSError when the kernel
-    refuses (no CAP_SYS_ADMIN)."""
+    stay visible in the new ones, read-only (``kept_in_temp``); ``reach``: folders others cannot
+    traverse, seen holding only the platform's own paths (``worker.reach``). Raises OSError when
+    the kernel refuses (no CAP_SYS_ADMIN)."""
     libc = ctypes.CDLL(None, use_errno=True)
 
     def mount(source: bytes | None, target: str, kind: bytes | None, flags: int, options: bytes | None) -> None:
@@ -66,6 +69,7 @@ def private_temp(size_bytes: int, keep: tuple[str, ...] = ()) -> None:
         error = ctypes.get_errno()
         raise OSError(error, f"a mount namespace of its own: {os.strerror(error)}")
     held = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY)) for path in keep if os.path.isdir(path)]
+    reached = reach_module.hold(reach)
     options = f"size={size_bytes},mode=1777".encode()
     for target in PRIVATE_TEMP:
         if os.path.isdir(target):
@@ -75,6 +79,7 @@ def private_temp(size_bytes: int, keep: tuple[str, ...] = ()) -> None:
         mount(f"/proc/self/fd/{fd}".encode(), path, None, _MS_BIND | _MS_REC, None)
         mount(None, path, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY, None)
         os.close(fd)
+    reach_module.apply(reached)
 
 
 def kept_in_temp(paths: list[str]) -> tuple[str, ...]:
@@ -96,6 +101,12 @@ def platform_paths(python: str) -> list[str]:
     return [os.path.realpath(p) for p in (python, os.path.dirname(os.path.dirname(python)), real,
                                           os.path.dirname(os.path.dirname(real)), sys.prefix, sys.base_prefix,
                                           str(Path(__file__).resolve().parent.parent))]
+
+
+def platform_reach(python: str) -> tuple[Cover, ...]:
+    """The covers an instance needs to reach the platform (``worker.reach``): none unless its
+    Python or Dilu lies below a folder others cannot traverse."""
+    return reach_module.covers_for(platform_paths(python))
 
 
 def private_temp_problem(python: str) -> str | None:
@@ -184,17 +195,43 @@ class Sandboxes:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def runtime_problem(python: str, user: InstanceUser, cwd: Path) -> str | None:
-    """Why ``user`` cannot start the instance runtime with ``python`` (an interpreter or package
-    folder it cannot read, typically one under root's home), or None when it can."""
+def interpreter_problem(python: str) -> str | None:
+    """Why ``python`` cannot import Dilu's instance runtime even as the worker's own user (not the
+    Python Dilu is installed in, or no Python at all), or None when it can."""
     import subprocess
 
     try:
-        probe = subprocess.run([python, "-c", "import worker.instance.server"], user=user.uid, group=user.gid,
-                               extra_groups=[], cwd=cwd, capture_output=True, text=True, timeout=120,
-                               stdin=subprocess.DEVNULL)
+        probe = subprocess.run([python, "-c", "import worker.instance.server"], capture_output=True, text=True,
+                               timeout=120, stdin=subprocess.DEVNULL, cwd="/")
     except (OSError, subprocess.SubprocessError) as exc:
         return f"{python}: {exc}"
     if probe.returncode != 0:
         return (probe.stderr.strip().splitlines() or [f"exit status {probe.returncode}"])[-1]
     return None
+
+
+def runtime_problem(python: str, user: InstanceUser, reach: tuple[Cover, ...] = ()) -> str | None:
+    """Why ``user`` cannot start the instance runtime with ``python`` in an instance's view of the
+    host (its private /tmp, ``reach``'s covers), tried in a root child that takes that view and
+    that user and then starts the interpreter afresh; None when it can."""
+    import json
+    import subprocess
+
+    plan = {"python": python, "uid": user.uid, "gid": user.gid, "keep": list(kept_in_temp(platform_paths(python))),
+            "reach": [cover.to_json() for cover in reach]}
+    code = "import json, sys; from worker.sandbox import probe_as_instance; probe_as_instance(json.loads(sys.argv[1]))"
+    try:
+        probe = subprocess.run([python, "-c", code, json.dumps(plan)], capture_output=True, text=True, timeout=120,
+                               stdin=subprocess.DEVNULL, cwd="/")
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"{python}: {exc}"
+    if probe.returncode != 0:
+        return (probe.stderr.strip().splitlines() or [f"exit status {probe.returncode}"])[-1]
+    return None
+
+
+def probe_as_instance(plan: dict) -> None:
+    """``runtime_problem``'s child: the instance's view and user, then the runtime's imports."""
+    private_temp(1 << 20, tuple(plan["keep"]), tuple(Cover.from_json(c) for c in plan["reach"]))
+    become(int(plan["uid"]), int(plan["gid"]))
+    os.execv(plan["python"], [plan["python"], "-c", "import worker.instance.server"])

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from tests.conftest import FIXTURE_FUNCTIONS, ROOT
 from tests.platform import dilu_executable
 from tests.shim_harness import build_shim
 from tests.waiting import eventually
-from worker.sandbox import runtime_problem
+from worker.sandbox import platform_reach, runtime_problem
 from worker.uids import InstanceUser
 
 FIRST_UID = 300000     # the default DILU_INSTANCE_UIDS starts here
@@ -26,10 +27,11 @@ FIRST_UID = 300000     # the default DILU_INSTANCE_UIDS starts here
 def _why_not() -> str | None:
     if os.geteuid() != 0:
         return "the user switch is what a root worker does"
-    problem = runtime_problem(sys.executable, InstanceUser(FIRST_UID, FIRST_UID, "probe"), Path("/"))
+    problem = runtime_problem(sys.executable, InstanceUser(FIRST_UID, FIRST_UID, "probe"),
+                              platform_reach(sys.executable))
     if problem is None:
         return None
-    return f"instance users cannot start the instance runtime here ({problem}); .ci/run opens the way"
+    return f"instance users cannot start the instance runtime here ({problem})"
 
 
 switching_users = pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()))
@@ -94,17 +96,70 @@ def test_instances_run_unprivileged_and_apart(start_platform, tmp_path: Path) ->
     assert snoop(platform, "alpha")["uid"] == alpha["uid"]
 
 
+@pytest.fixture
+def closed_folder():
+    """A new folder only its owner may traverse, as /root is (pytest's own temp folders lie
+    below one already, which would then be the folder to reach through)."""
+    folder = Path(tempfile.mkdtemp(prefix="dilu-closed-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def python_in_a_closed_folder(closed: Path) -> tuple[Path, Path]:
+    """(a Python environment below ``closed``, with Dilu and its libraries; ``closed``). Beside
+    the environment lies a file of root's."""
+    assert (closed.stat().st_mode & 0o777) == 0o700
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(closed / "env")], check=True)
+    (closed / "private-notes").write_text("root's own")
+    (closed / "private-notes").chmod(0o644)     # readable by all, were the folder open
+    site = next((closed / "env" / "lib").glob("python3*/site-packages"))
+    outer = next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix))
+    (site / "dilu-outer.pth").write_text(f"import site; site.addsitedir({outer!r})\n")
+    return closed / "env" / "bin" / "python", closed
+
+
+@switching_users
+def test_a_root_worker_whose_python_lies_under_a_closed_folder_serves_without_opening_it(
+        start_platform, tmp_path: Path, closed_folder: Path) -> None:
+    python, closed = python_in_a_closed_folder(closed_folder)
+    platform = start_platform(env={"DILU_PYTHON": str(python)})
+    deploy_snoop(platform, tmp_path, "alpha")
+    seen = snoop(platform, "alpha", paths=[str(closed)],
+                 exists=[str(closed / "private-notes"), str(platform.home / "dilu.db"), str(python)])
+    assert seen["uid"] >= FIRST_UID
+    # The instance reaches its Python; the folder's other files are not even there in its view.
+    assert seen["exists"] == {str(closed / "private-notes"): False, str(platform.home / "dilu.db"): False,
+                              str(python): True}
+    assert seen["readable"] == {str(closed): False}     # traversable only, not listable
+    assert (closed.stat().st_mode & 0o777) == 0o700, "the host's folder stays closed"
+    assert f"{closed} shows them only {closed / 'env'} (read-only)" in platform.role.log()
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="the user switch is what a root worker does")
-def test_a_root_worker_that_cannot_run_instances_unprivileged_refuses_to_start(tmp_path: Path) -> None:
-    private = tmp_path / "private"
-    private.mkdir(mode=0o700)       # as /root is: its owner alone may traverse it
-    (private / "python").symlink_to(sys.executable)
-    env = {**os.environ, "DILU_HOME": str(tmp_path / "home"), "DILU_PYTHON": str(private / "python"),
+def test_a_root_worker_refuses_a_python_without_dilu_and_says_so(tmp_path: Path) -> None:
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    env = {**os.environ, "DILU_HOME": str(tmp_path / "home"), "DILU_PYTHON": str(bare / "bin" / "python"),
            "DILU_GRPC_PORT": "0"}
     started = subprocess.run([dilu_executable(), "up", "--port", "0"], env=env, capture_output=True, text=True,
                              timeout=120, stdin=subprocess.DEVNULL)
     assert started.returncode != 0
-    assert "instance code never runs as root" in started.stderr and "chmod o+x" in started.stderr, started.stderr
+    assert "cannot import Dilu's instance runtime (ModuleNotFoundError: No module named 'worker')" in started.stderr
+    assert "Instances need a Python with Dilu installed" in started.stderr and "readable" not in started.stderr
+    assert "Traceback" not in started.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the user switch is what a root worker does")
+def test_a_root_worker_that_cannot_run_instances_unprivileged_refuses_to_start(tmp_path: Path,
+                                                                              closed_folder: Path) -> None:
+    python, closed = python_in_a_closed_folder(closed_folder)
+    (closed / "env").chmod(0o700)       # the environment itself closed: no view can open it
+    env = {**os.environ, "DILU_HOME": str(tmp_path / "home"), "DILU_PYTHON": str(python), "DILU_GRPC_PORT": "0"}
+    started = subprocess.run([dilu_executable(), "up", "--port", "0"], env=env, capture_output=True, text=True,
+                             timeout=120, stdin=subprocess.DEVNULL)
+    assert started.returncode != 0
+    assert "instance code never runs as root" in started.stderr, started.stderr
+    assert f"chmod o+rx {closed / 'env'}" in started.stderr, started.stderr
     assert "Traceback" not in started.stderr
 
 

@@ -42,6 +42,7 @@ from worker.backends.spares import Spare, SpareLaunch, SparePool, exec_time, poo
 from worker.cgroups import CpuLimiter, InstanceGroups, join_group_of, join_groups
 from worker.leftovers import Leftovers
 from worker.pool import PoolSizer
+from worker.reach import Cover
 from worker.sandbox import (
     SANDBOX_PREFIX,
     InstanceUser,
@@ -50,6 +51,7 @@ from worker.sandbox import (
     die_with_parent,
     kept_in_temp,
     platform_paths,
+    platform_reach,
     private_temp,
 )
 from worker.uids import UidRegistry
@@ -58,11 +60,11 @@ log = logging.getLogger(__name__)
 
 
 def _child_setup(procs_files: list[str], user: InstanceUser | None, temp_bytes: int | None = None,
-                 keep: tuple[str, ...] = ()) -> Callable[[], None]:
+                 keep: tuple[str, ...] = (), reach: tuple[Cover, ...] = ()) -> Callable[[], None]:
     def setup() -> None:
         join_groups(procs_files)    # while still privileged enough to write the cgroups
         if temp_bytes is not None:
-            private_temp(temp_bytes, keep)
+            private_temp(temp_bytes, keep, reach)
         if user is not None:
             become(user.uid, user.gid)
         die_with_parent()           # after the switch: changing credentials clears it
@@ -107,6 +109,8 @@ class ProcessBackend:
         self._stream_stall_s = stream_stall_s
         self._python = python or sys.executable
         self._kept_temp = kept_in_temp(platform_paths(self._python))   # the platform, where it lives in /tmp
+        # ... and where it lives below a folder others cannot traverse (root's home)
+        self._reach = platform_reach(self._python) if users is not None else ()
         self._host = host
         self._advertise = advertise_host or host
         self._base_env = allowed_env(os.environ if base_env is None else base_env, passed_env)
@@ -173,7 +177,8 @@ class ProcessBackend:
                                           user),
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     pass_fds=(listener.fileno(),), start_new_session=True,
-                    preexec_fn=_child_setup(procs, user, self._temp_bytes(bounds), self._kept_temp), cwd=code,
+                    preexec_fn=_child_setup(procs, user, self._temp_bytes(bounds), self._kept_temp,
+                                                        self._reach), cwd=code,
                 )
         except (OSError, subprocess.SubprocessError) as exc:
             raise RuntimeError(f"cannot start instance process: {exc}") from exc
@@ -291,7 +296,8 @@ class ProcessBackend:
         os.replace(spare.log_path, log_path)
         env = self.instance_env(request, device, config_json, spare.fd, extra_env, key, home, user)
         assignment = {"env": env, "cwd": code, "user": [user.uid, user.gid] if user is not None else None,
-                      "private_temp": self._temp_bytes(bounds), "keep_temp": list(self._kept_temp)}
+                      "private_temp": self._temp_bytes(bounds), "keep_temp": list(self._kept_temp),
+                      "reach": [cover.to_json() for cover in self._reach]}
         try:
             spare.process.stdin.write((json.dumps(assignment) + "\n").encode())
             spare.process.stdin.close()

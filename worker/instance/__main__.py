@@ -39,9 +39,11 @@ def _await_assignment(listener_fd: int | None = None) -> float | None:
     assignment = json.loads(line)
     assigned_at = time.time()
     if assignment.get("private_temp"):   # while still root: its own /tmp and /dev/shm
+        from worker.reach import Cover
         from worker.sandbox import private_temp
 
-        private_temp(int(assignment["private_temp"]), tuple(assignment.get("keep_temp") or ()))
+        private_temp(int(assignment["private_temp"]), tuple(assignment.get("keep_temp") or ()),
+                     tuple(Cover.from_json(c) for c in assignment.get("reach") or ()))
     if assignment.get("user"):
         _become(*assignment["user"])
     os.environ.update(assignment["env"])
