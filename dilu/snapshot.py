@@ -26,7 +26,8 @@ def build_snapshot(workers: Sequence[WorkerInfo], instances: Iterable[InstanceRo
         latency = frozenset(r.function for r in rows if classes.get(r.function, "latency") == "latency")
         batch = frozenset(r.function for r in rows if classes.get(r.function, "latency") != "latency")
         devices.append(Device(
-            id=info.id, node=info.host, kind=info.device.kind, memory_bytes=info.device.memory_bytes,
+            id=info.id, node=info.host, kind=info.device.kind, simulated=info.device.fake,
+            memory_bytes=info.device.memory_bytes,
             memory_used=sum(r.memory_bytes for r in rows), sm_requested=sum(r.sm_request or 0.0 for r in rows),
             sm_limited=sum(r.sm_limit or 0.0 for r in rows),
             sm_requested_batch=sum(r.sm_request or 0.0 for r in rows if r.function in batch),

@@ -51,10 +51,11 @@ def fake_gpus(count: int) -> list[DeviceInfo]:
 
 
 def discover_devices(gpus: str | None = None, fake: int = 0) -> list[DeviceInfo]:
-    """One device per GPU (plus ``fake`` simulated ones), or the CPU alone; ``gpus='none'``
-    ignores real GPUs."""
-    found = ([] if gpus == "none" else discover_gpus()) + fake_gpus(fake)
-    return found or [cpu_device()]
+    """One device per GPU, or the CPU where there is none; ``fake`` simulated GPUs are added
+    beside either (a host without a GPU keeps its CPU worker for the functions that run there).
+    ``gpus='none'`` ignores real GPUs."""
+    real = [] if gpus == "none" else discover_gpus()
+    return (real or [cpu_device()]) + fake_gpus(fake)
 
 
 def _text(value: bytes | str) -> str:

@@ -124,6 +124,7 @@ class Reconciler:
         listeners = [asyncio.create_task(self._listen(channel))
                      for channel in (Channel.INSTANCES, Channel.DEMAND, Channel.FUNCTIONS)]
         try:
+            await self._retry_failed()
             while True:
                 self.ctx.wake.clear()
                 started = time.perf_counter()
@@ -145,6 +146,24 @@ class Reconciler:
         finally:
             for task in listeners:
                 task.cancel()
+
+    async def _retry_failed(self) -> None:
+        """A controller that starts deploys each failed function's version once more: what failed
+        it (no worker that could hold it, a device it could not load on, an unreachable store) may
+        have changed since, as when ``dilu up`` starts again without a simulated GPU. One that
+        fails again stays failed, with its reason, until it is deployed anew."""
+        try:
+            functions = await self.ctx.db(repo.list_functions)
+        except Exception as exc:  # noqa: BLE001 - without the database there is nothing to retry now
+            log.warning("could not read the functions to retry the failed ones: %s", exc)
+            return
+        for function in functions:
+            if function.status != FunctionStatus.FAILED:
+                continue
+            await self.ctx.db(repo.forget_failed_profile, function=function.name, version=function.version)
+            await self.ctx.event(function.name, "retry", f"version {function.version} failed before this controller "
+                                 f"started ({function.error or 'no reason kept'}); deploying it again")
+            await self.ctx.set_status(function.name, function.version, FunctionStatus.DEPLOYING)
 
     async def _listen(self, channel: Channel) -> None:
         async for message in follow(self._store, channel):

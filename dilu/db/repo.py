@@ -381,6 +381,14 @@ def save_profile(*, session: Session, function: str, version: int, **values: obj
     return row
 
 
+def forget_failed_profile(*, session: Session, function: str, version: int) -> None:
+    """Removes the version's profile if it failed, so that a retry profiles it afresh."""
+    row = session.get(ProfileRow, (function, version))
+    if row is not None and row.status == "failed":
+        session.delete(row)
+        session.commit()
+
+
 def get_profile(*, session: Session, function: str, version: int) -> ProfileRow | None:
     return session.get(ProfileRow, (function, version))
 

@@ -58,7 +58,8 @@ def test_two_hosts(tmp_path: Path, postgres_url: str, redis_prefix: str) -> None
         assert deployed.returncode == 0, deployed.stderr
         with httpx.Client(base_url=gateway.url, timeout=60) as http:
             workers = {w["id"]: w for w in http.get("/v1/status").json()["workers"]}
-            assert set(workers) == {"alpha-fakegpu0", "beta-fakegpu0", "beta-fakegpu1"}
+            # Each host's simulated GPUs beside its CPU worker.
+            assert set(workers) == {"alpha-cpu", "alpha-fakegpu0", "beta-cpu", "beta-fakegpu0", "beta-fakegpu1"}
             for worker_id, worker in workers.items():
                 assert urlsplit(worker["url"]).hostname == hosts[worker_id.split("-")[0]][0]
 
