@@ -235,8 +235,10 @@ def deploy(
                 if function["status"] == "ready":
                     break
                 if function["status"] == "failed":
-                    _fail(f"{name} failed to start: {function['error']}\n"
-                          f"       see `dilu logs {name}` for the full output")
+                    placed = str(function["error"] or "").startswith("no worker can ever hold")
+                    _fail(f"{name} failed to start: {function['error']}\n       " + (
+                        "change its resources, or add a worker that has them, then deploy it again" if placed
+                        else f"see `dilu logs {name}` for the full output"))
                 if time.monotonic() > deadline:
                     _fail(f"{name} was not ready within {timeout:g}s")
                 if function["status"] == "profiling":

@@ -177,7 +177,8 @@ class RoutingTable:
                     raise NoInstance(entry.failure)
                 left = deadline - loop.time()
                 if left <= 0:
-                    raise NoInstance(f"no instance of {function!r} became ready within {timeout_s:g}s")
+                    raise NoInstance(f"no instance of {function!r} became ready within {timeout_s:g}s; "
+                                     f"`dilu events {function}` shows why")
                 changed = entry.changed
                 try:
                     await asyncio.wait_for(changed.wait(), left)

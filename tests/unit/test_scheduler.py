@@ -138,6 +138,22 @@ def test_nothing_fits_says_why() -> None:
     assert not decision.ok and "MemoryFit rejected" in decision.reason
 
 
+def test_nothing_fits_says_why_in_plain_words_with_the_amounts() -> None:
+    scheduler = create_scheduler("dilu")
+    memory = scheduler.place(make_request(mem=900), SNAP).reason
+    assert memory.startswith("it asks for 900.0 GiB of memory (resources.memory) and the most any worker has free "
+                             "is 40.0 GiB (empty, of 40.0 GiB)"), memory
+    cpu_only = ClusterSnapshot.of([make_gpu("host-cpu", kind="cpu")])
+    gpu = scheduler.place(make_request(gpu=True), cpu_only).reason
+    assert gpu.startswith("it needs a GPU (resources.gpu: true) and no worker has one"), gpu
+    compute = scheduler.place(make_request(sm=0.9, limit=0.95, gpu=True),
+                              ClusterSnapshot.of([make_gpu("g0", sm=0.5, limit=0.5)])).reason
+    assert "compute request of 0.9 (resources.sm_request) and the most any GPU has left is 0.5 of 1" in compute
+    simulated = ClusterSnapshot.of([Device("sim", "n0", simulated=True)])
+    assert scheduler.place(make_request(), simulated).reason.startswith(
+        "its gpu: auto does not run on a simulated GPU")
+
+
 def test_gang_placement_keeps_a_multi_gpu_job_on_one_node() -> None:
     cluster = [make_gpu("a0", "a"), make_gpu("a1", "a", mem=39, latency=("x",)),
                make_gpu("b0", "b"), make_gpu("b1", "b"), make_gpu("b2", "b", kind="cpu")]

@@ -40,6 +40,7 @@ class Device:
     id: str
     node: str
     kind: str = "gpu"             # gpu | cpu
+    simulated: bool = False       # a GPU of the fake driver: runs only what asks for a GPU outright
     memory_bytes: int = 40 * 2**30
     memory_used: int = 0
     sm_requested: float = 0.0
@@ -67,6 +68,11 @@ class Placement:
         return self.code is Code.SUCCESS
 
 
+def gib(count: float) -> str:
+    """Bytes as GiB, or MiB below one GiB, for messages (pure)."""
+    return f"{count / 2**30:.1f} GiB" if count >= 2**30 else f"{count / 2**20:.0f} MiB"
+
+
 _COLUMNS = ("memory_used", "sm_requested", "sm_limited", "sm_requested_batch", "sm_limited_batch",
             "has_latency", "has_batch")   # the per-device arrays a placement or removal changes
 
@@ -77,6 +83,7 @@ class ClusterSnapshot:
 
     devices: tuple[Device, ...]
     is_gpu: np.ndarray = field(repr=False, default=None)
+    is_simulated: np.ndarray = field(repr=False, default=None)
     memory_total: np.ndarray = field(repr=False, default=None)
     memory_used: np.ndarray = field(repr=False, default=None)
     sm_requested: np.ndarray = field(repr=False, default=None)
@@ -99,6 +106,7 @@ class ClusterSnapshot:
         return cls(
             devices=devices,
             is_gpu=np.array([d.kind == "gpu" for d in devices], dtype=bool),
+            is_simulated=np.array([d.simulated for d in devices], dtype=bool),
             memory_total=np.array([d.memory_bytes for d in devices], dtype=np.float64),
             memory_used=np.array([d.memory_used for d in devices], dtype=np.float64),
             sm_requested=np.array([d.sm_requested for d in devices], dtype=np.float64),
@@ -213,14 +221,28 @@ class Scheduler:
             key = key * 101.0 + np.clip(np.rint(plugin.score(request, snapshot)), 0, 100)
         return key
 
+    def explain(self, request: PlacementRequest, snapshot: ClusterSnapshot) -> str:
+        """Why no device takes ``request``, in plain words with the amounts: for each filter that
+        turned devices away, what was asked and the most any of them offered."""
+        mask = np.ones(len(snapshot), dtype=bool)
+        words = []
+        for plugin in self.filters:
+            passed = plugin.filter(request, snapshot)
+            turned_away = mask & ~passed
+            if turned_away.any() and hasattr(plugin, "explain"):
+                words.append(plugin.explain(request, snapshot, turned_away))
+            mask &= passed
+        return "; ".join(words)
+
     def place(self, request: PlacementRequest, snapshot: ClusterSnapshot) -> Placement:
         if len(snapshot) == 0:
             return Placement(Code.UNSCHEDULABLE, reason="no devices")
         mask, why = self.feasible(request, snapshot)
         count = request.gpus
         if np.count_nonzero(mask) < count:
-            return Placement(Code.UNSCHEDULABLE,
-                             reason=f"{np.count_nonzero(mask)}/{len(snapshot)} devices fit ({why or 'none'})")
+            plain = self.explain(request, snapshot)
+            counted = f"{np.count_nonzero(mask)}/{len(snapshot)} devices fit: {why or 'none'}"
+            return Placement(Code.UNSCHEDULABLE, reason=f"{plain} ({counted})" if plain else counted)
         key = np.where(mask, self.rank(request, snapshot), -1.0)
         if count == 1:
             best = int(np.argmax(key))

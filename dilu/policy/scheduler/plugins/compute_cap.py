@@ -51,6 +51,13 @@ class ComputeCap:
             within &= total <= self.cap + EPSILON
         return within | ~snapshot.is_gpu
 
+    def explain(self, request: PlacementRequest, snapshot: ClusterSnapshot, turned_away: np.ndarray) -> str:
+        asked = request.sm_request if self.of == "request" else request.sm_limit
+        held = snapshot.sm_requested if self.of == "request" else snapshot.sm_limited
+        room = float(np.max(np.where(turned_away, self.cap - held, -np.inf)))
+        return (f"it asks for a compute {self.of} of {asked:g} (resources.sm_{self.of}) and the most any GPU has "
+                f"left is {max(room, 0.0):g} of {self.cap:g}")
+
 
 def parse_args(args: dict, name: str, default: float, flags: tuple[str, ...] = ()) -> tuple[float, dict]:
     """A plugin's ``cap`` (in (0, 4], ``default`` when absent) and boolean ``flags``; ValueError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dilu.policy.scheduler.framework import ClusterSnapshot, Device, PlacementRequest
+from dilu.policy.scheduler.framework import ClusterSnapshot, Device, PlacementRequest, gib
 
 NAME = "MemoryFit"
 
@@ -18,6 +18,13 @@ class MemoryFit:
 
     def filter(self, request: PlacementRequest, snapshot: ClusterSnapshot) -> np.ndarray:
         return snapshot.memory_used + request.memory_bytes <= snapshot.memory_total
+
+    def explain(self, request: PlacementRequest, snapshot: ClusterSnapshot, turned_away: np.ndarray) -> str:
+        free = snapshot.memory_total - snapshot.memory_used
+        best = int(np.argmax(np.where(turned_away, free, -1.0)))
+        device = snapshot.devices[best]
+        return (f"it asks for {gib(request.memory_bytes)} of memory (resources.memory) and the most any worker "
+                f"has free is {gib(free[best])} ({device.id}, of {gib(device.memory_bytes)})")
 
 
 def factory(args: dict) -> MemoryFit:
