@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -29,6 +30,25 @@ class GatewayClient:
         if response.status_code >= 400 and response.status_code not in allow_status:
             raise CliError(_error_text(response))
         return response
+
+    def lines(self, method: str, path: str, **kwargs: Any) -> Iterator[str]:
+        """The non-empty lines of a streamed answer, as they come; a refusal (4xx/5xx before the
+        stream began) raises with the gateway's message, as ``request`` does."""
+        try:
+            with self._http.stream(method, path, **kwargs) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise CliError(_error_text(response))
+                for line in response.iter_lines():
+                    if line:
+                        yield line
+        except httpx.ConnectError:
+            raise CliError(f"cannot reach the Dilu gateway at {self.base_url} "
+                           "(is `dilu up` running? set DILU_URL to point elsewhere)") from None
+        except httpx.TimeoutException:
+            raise CliError(f"the gateway at {self.base_url} sent nothing for too long") from None
+        except httpx.RemoteProtocolError:
+            return      # the connection broke mid-answer: the caller sees no terminator
 
     def json(self, method: str, path: str, **kwargs: Any) -> Any:
         return self.request(method, path, **kwargs).json()

@@ -5,8 +5,10 @@ reading a JSON input given as text or @file."""
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import typer
 from rich.console import Console
@@ -15,10 +17,21 @@ from rich.text import Text
 from cli.client import CliError, GatewayClient
 from dilu.config import CliSettings
 
+OFF_TERMINAL_WIDTH = 1000
+
+
+def _width(stream: TextIO) -> int | None:
+    """Off a terminal (a pipe, a log, CI) rich would cut tables to 80 columns: there rows are
+    printed whole, unless COLUMNS sets a width. On a terminal, its own width."""
+    if os.environ.get("COLUMNS") or stream.isatty():
+        return None
+    return OFF_TERMINAL_WIDTH
+
+
 # Plain text: what functions produce (errors, reasons, logs) is never read as rich markup, so
 # '[/]' cannot crash a command nor '[link=...]' draw a link. Colour goes through ``styled``.
-out = Console(markup=False, highlight=False)
-err = Console(stderr=True, markup=False, highlight=False)
+out = Console(markup=False, highlight=False, width=_width(sys.stdout))
+err = Console(stderr=True, markup=False, highlight=False, width=_width(sys.stderr))
 
 
 def styled(word: str, style: str, rest: str = "") -> Text:

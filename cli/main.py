@@ -18,7 +18,9 @@ from rich.table import Table
 from cli.artifacts import upload_weights
 from cli.client import CliError, GatewayClient
 from cli.common import call, client, err, every_item, fail, json_input, out, read_file, styled
+from cli.output import Output, OutputOption, print_json
 from cli.simulate import simulate
+from cli.telemetry import telemetry_notes
 from cli.workflow import workflow_app
 from dilu.config import AllInOneSettings, CliSettings, ControllerSettings, GatewaySettings, WorkerSettings
 
@@ -264,9 +266,11 @@ def deploy(
 
 
 @app.command("ls")
-def list_functions() -> None:
+def list_functions(output: OutputOption = Output.table) -> None:
     """List functions."""
     functions = every_item("/v1/functions")
+    if output is Output.json:
+        return print_json(functions)
     table = Table("NAME", "VERSION", "STATUS", "READY", "STARTING", "REQUESTS", "CLASS")
     for f in functions:
         table.add_row(f["name"], str(f["version"]), f["status"], str(f["ready_instances"]),
@@ -275,7 +279,7 @@ def list_functions() -> None:
 
 
 @app.command()
-def describe(name: str) -> None:
+def describe(name: str, output: OutputOption = Output.table) -> None:
     """Show a function: spec, status, instances and recent scaling events."""
     client = _client()
     try:
@@ -284,6 +288,8 @@ def describe(name: str) -> None:
         events = client.json("GET", f"/v1/functions/{name}/events", params={"limit": 10})
     except CliError as exc:
         _fail(str(exc))
+    if output is Output.json:
+        return print_json({"function": function, "instances": instances, "events": events})
     out.print(styled(function["name"], "bold", f"  version {function['version']}  status {function['status']}"))
     if function["error"]:
         out.print(f"error: {function['error']}", highlight=False)
@@ -332,6 +338,8 @@ def describe(name: str) -> None:
                       f"{view['held_ms']:.0f} ms" if view.get("held_ms") else "-",   # batch work held for latency work
                       f"{view['progress_per_s']:.1f}/s" if view.get("progress_per_s") is not None else "-")
     out.print(table)
+    for note in telemetry_notes(function["spec"].get("class", "latency"), instances):
+        out.print(f"  {note}", highlight=False)
     for e in events:
         out.print(f"{e['at']}  {e['action']:<14} {e['reason']}", highlight=False)
 
@@ -340,16 +348,64 @@ def describe(name: str) -> None:
 def invoke(
     name: str,
     data: Annotated[str, typer.Option("--data", "-d", help="JSON text, or @file to read it from a file")] = "{}",
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for the answer")] = 300.0,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the answer (streams: for each chunk)")] = 300.0,
+    stream: Annotated[bool, typer.Option("--stream", help="A streaming function's chunks, one JSON line each, "
+                                                          "as they are made")] = False,
 ) -> None:
     """Invoke a function with one JSON input and print its JSON result."""
     data = json_input(data)
+    if stream:
+        return _invoke_streaming(name, data, timeout)
     try:
         response = _client(timeout).request("POST", f"/v1/functions/{name}/invoke", content=data.encode(),
                                             headers={"content-type": "application/json"})
     except CliError as exc:
         _fail(str(exc))
     sys.stdout.write(response.text + "\n")
+
+
+def _invoke_streaming(name: str, data: str, timeout: float) -> None:
+    """Prints each chunk as it comes; a failed or cut stream ends the command with exit status 1
+    after the chunks it did send, so a partial answer never passes for a whole one."""
+    from cli.stream import Chunk, Failed, Finished, failure_message, read_frame
+
+    chunks, ending = 0, None
+    try:
+        for line in _client(timeout).lines("POST", f"/v1/functions/{name}/invoke", content=data.encode(),
+                                           headers={"content-type": "application/json",
+                                                    "accept": "application/x-ndjson"}):
+            frame = read_frame(line)
+            if isinstance(frame, Chunk):
+                chunks += 1
+                sys.stdout.write(json.dumps(frame.value, ensure_ascii=False) + "\n")
+                sys.stdout.flush()
+                continue
+            ending = frame
+            break
+    except CliError as exc:
+        _fail(str(exc))
+    if not isinstance(ending, Finished):
+        _fail(failure_message(ending if isinstance(ending, Failed) else None, chunks))
+
+
+@app.command()
+def init(
+    name: Annotated[str, typer.Argument(help="The function's name (its URL segment)")],
+    directory: Annotated[Path | None, typer.Option("--dir", help="Where to write it (default: ./NAME)")] = None,
+) -> None:
+    """Start a function of your own: a folder with handler.py, model.yaml and request.json."""
+    from cli.scaffold import ScaffoldError, write_scaffold
+
+    folder = directory or Path(name)
+    try:
+        written = write_scaffold(name, folder)
+    except ScaffoldError as exc:
+        _fail(str(exc))
+    except OSError as exc:
+        _fail(f"cannot write {folder}: {exc.strerror or exc}")
+    out.print(f"wrote {', '.join(str(path) for path in written)}", highlight=False)
+    out.print(f"next: dilu deploy {folder / 'model.yaml'} && dilu invoke {name} --data @{folder / 'request.json'}",
+              highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -420,9 +476,11 @@ def scale(
 
 
 @app.command()
-def events(name: str, limit: Annotated[int, typer.Option()] = 50) -> None:
+def events(name: str, limit: Annotated[int, typer.Option()] = 50, output: OutputOption = Output.table) -> None:
     """Scaling decisions for a function, with their reasons."""
     items = call("GET", f"/v1/functions/{name}/events", params={"limit": limit})
+    if output is Output.json:
+        return print_json(items)
     for e in items:
         out.print(f"{e['at']}  {e['action']:<14} {e['reason']}", highlight=False)
 
@@ -441,9 +499,11 @@ def keys_create(
 
 
 @keys_app.command("ls")
-def keys_ls() -> None:
+def keys_ls(output: OutputOption = Output.table) -> None:
     """Active keys (ids, names, scopes; never the keys)."""
     keys = call("GET", "/v1/keys")
+    if output is Output.json:
+        return print_json(keys)
     table = Table("ID", "NAME", "SCOPES", "CREATED")
     for key in keys:
         table.add_row(key["id"], key["name"], ", ".join(key["scopes"]), key["created_at"][:19])
@@ -487,9 +547,11 @@ def keys_revoke(key_id: Annotated[str, typer.Argument(help="The key's id (dilu k
 
 
 @app.command()
-def status() -> None:
+def status(output: OutputOption = Output.table) -> None:
     """Platform status: workers, devices, functions, instances."""
     info: dict[str, Any] = call("GET", "/v1/status")
+    if output is Output.json:
+        return print_json(info)
     out.print(f"gateway {info['gateway']}   database {info['database']}   state {info['state_store']}",
               highlight=False)
     table = Table("WORKER", "STATE", "DEVICE", "MEMORY", "INSTANCES", "RUNTIME POOL")

@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 
 from cli.common import call, err, every_item, json_input, out, read_file, styled
+from cli.output import Output, OutputOption, print_json
 
 workflow_app = typer.Typer(help="Workflows: DAGs of deployed functions.", no_args_is_help=True)
 
@@ -25,9 +26,11 @@ def deploy(file: Annotated[Path, typer.Argument(help="workflow.yaml")]) -> None:
 
 
 @workflow_app.command("ls")
-def list_workflows() -> None:
+def list_workflows(output: OutputOption = Output.table) -> None:
     """List workflows."""
     items = every_item("/v1/workflows")
+    if output is Output.json:
+        return print_json(items)
     table = Table("NAME", "VERSION", "NODES", "OUTPUT")
     for item in items:
         output = item["spec"].get("output")
@@ -37,10 +40,12 @@ def list_workflows() -> None:
 
 
 @workflow_app.command("describe")
-def describe(name: str) -> None:
+def describe(name: str, output: OutputOption = Output.table) -> None:
     """Show a workflow's nodes, their functions, parents and conditions, and (loading: slack) what
     the keep-alive rule last decided for each and why."""
     item = call("GET", f"/v1/workflows/{name}")
+    if output is Output.json:
+        return print_json(item)
     out.print(f"{item['name']}  version {item['version']}", highlight=False)
     table = Table("NODE", "FUNCTION", "AFTER", "WHEN", "TIMEOUT", "KEEP")
     keep = item.get("keep") or {}
