@@ -80,6 +80,10 @@ def up(
     _setup_logging(verbose)
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     settings = AllInOneSettings(**overrides)
+    from cli.carried import carried_state_lines, read_carried_state
+
+    for line in carried_state_lines(read_carried_state(settings.effective_database_url), settings.home):
+        out.print(line, highlight=False, soft_wrap=True)
 
     async def ready(url: str, grpc_address: str | None) -> None:
         out.print(f"Dilu is up at {url}  (state in {settings.home}; Ctrl-C stops it)", highlight=False)

@@ -6,6 +6,7 @@ functions it lists the busy ones first and filters by name."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -90,8 +91,9 @@ def test_dashboard_shows_the_platform_live(start_platform, browser, tmp_path: Pa
     _wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#functions tr[data-function]")) == 2,
           "both functions in the table")
     assert "ready" in _cell(browser, "synthetic-training", "instances")
-    assert "fake" in browser.find_element(By.CSS_SELECTOR, ".device h3").text.lower()
-    assert "memory slices: 512.0 MiB" in browser.find_element(By.CSS_SELECTOR, ".device").text
+    gpu = '.device[data-worker$="-fakegpu0"]'     # beside the CPU worker, which holds nothing here
+    assert "fake" in browser.find_element(By.CSS_SELECTOR, f"{gpu} h3").text.lower()
+    assert "memory slices: 512.0 MiB" in browser.find_element(By.CSS_SELECTOR, gpu).text
 
     # Live: requests show up without a reload...
     before = int(_cell(browser, "synthetic-latency", "requests"))
@@ -116,7 +118,7 @@ def test_dashboard_shows_the_platform_live(start_platform, browser, tmp_path: Pa
     _wait(browser, lambda d: granted(d) <= 0.2 + 1e-6, "the resize to show")
 
     # A streaming function's time to first chunk and between chunks (it fits beside the resized one).
-    counter = FIXTURE_FUNCTIONS / "counter_stream" / "model.yaml"   # on the (fake) GPU, this host's only device
+    counter = FIXTURE_FUNCTIONS / "counter_stream" / "model.yaml"   # gpu: true: on the (fake) GPU, beside the rest
     small = counter.read_text().replace("gpu: false", "gpu: true").replace("sm_request: 0.5, sm_limit: 1.0",
                                                                              "sm_request: 0.05, sm_limit: 0.05")
     assert platform.deploy_file(counter, small).status_code == 201
@@ -129,6 +131,14 @@ def test_dashboard_shows_the_platform_live(start_platform, browser, tmp_path: Pa
 
     _wait(browser, lambda d: any("synthetic-training" in row.text
                                  for row in d.find_elements(By.CSS_SELECTOR, "#events tbody tr")), "scaling decisions")
+    # Times read as the CLI's and the API's do: UTC, 24 hours.
+    first_event = browser.find_element(By.CSS_SELECTOR, "#events tbody tr td").text
+    assert re.fullmatch(r"\d\d:\d\d:\d\d UTC", first_event), first_event
+    assert browser.find_element(By.ID, "updated").text.endswith(" UTC")
+    # A function that failed says why in its own row.
+    assert platform.cli("deploy", str(FIXTURE_FUNCTIONS / "bad_load" / "model.yaml")).returncode != 0
+    _wait(browser, lambda d: "weights file is corrupt" in d.find_element(
+        By.CSS_SELECTOR, 'tr[data-function="bad-load"] .reason').text, "the failed function's reason in its row")
     Select(browser.find_element(By.ID, "log-function")).select_by_value("synthetic-training")
     _wait(browser, lambda d: "ready" in d.find_element(By.ID, "logs").text, "the instance log")
 

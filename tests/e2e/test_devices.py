@@ -1,6 +1,6 @@
 """Where functions land on a machine without a GPU: a simulated GPU is added beside the CPU
 worker, and runs only what asks for a GPU; a function failed by an earlier start's devices is
-deployed again when the platform starts once more."""
+deployed again when the platform starts once more, which says what it kept."""
 
 from __future__ import annotations
 
@@ -46,6 +46,7 @@ def test_a_function_failed_by_the_devices_of_an_earlier_start_is_deployed_again(
         deployed.stderr, deployed.stderr
     assert "dilu logs" not in deployed.stderr and "add a worker that has them" in deployed.stderr
     assert first.function("needs")["status"] == "failed"
+    assert not any("kept from earlier runs" in line for line in first.role.lines)
     first.close()
 
     again = start_platform(env=FAKE_GPU)      # the same home, now with a simulated GPU
@@ -53,3 +54,7 @@ def test_a_function_failed_by_the_devices_of_an_earlier_start_is_deployed_again(
     assert again.invoke("needs", {"x": 1}).status_code == 200
     events = again.cli("events", "needs")
     assert "retry" in events.stdout and "failed before this controller started" in events.stdout, events.stdout
+    # And the start said what it kept, and how to start afresh instead.
+    said = "\n".join(again.role.lines)
+    assert "kept from earlier runs in" in said and "1 of them failed before (needs): deployed again now" in said, said
+    assert "to start afresh" in said

@@ -55,3 +55,16 @@ def test_init_refuses_a_bad_name_and_a_folder_in_use(tmp_path: Path) -> None:
     written = write_scaffold("fresh", tmp_path / "fresh")
     assert json.loads((tmp_path / "fresh" / "request.json").read_text()) == {"x": [1.0, 2.0, 3.0]}
     assert "name: fresh" in (tmp_path / "fresh" / "model.yaml").read_text() and len(written) == 3
+
+
+def test_up_says_what_it_kept_from_earlier_runs_and_how_to_start_afresh() -> None:
+    from cli.carried import CarriedState, carried_state_lines
+
+    home = Path("/home/me/.dilu")
+    assert carried_state_lines(None, home) == [] and carried_state_lines(CarriedState(0, (), 0), home) == []
+    kept, afresh = carried_state_lines(CarriedState(3, ("a", "b"), 1), home)
+    assert kept == ("kept from earlier runs in /home/me/.dilu: 3 function(s); 2 of them failed before (a, b): "
+                    "deployed again now; 1 API key(s): authentication is on, so the CLI needs DILU_API_KEY")
+    assert "remove /home/me/.dilu" in afresh and "DILU_HOME=" in afresh
+    (many, _) = carried_state_lines(CarriedState(9, tuple("abcdefg"), 0), home)
+    assert "7 of them failed before (a, b, c, d, e, ...)" in many

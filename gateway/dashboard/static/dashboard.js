@@ -5,6 +5,7 @@
 
 const POLL_MS = 1000;
 const LOG_POLL_MS = 3000;
+const ERROR_SHOWN = 240;     // characters of a failed function's reason in its row (all of it on hover)
 const PALETTE = ["#3366cc", "#dc7b2b", "#2a9d5c", "#9b4fb8", "#c0392b", "#17a2b8", "#8a6d3b", "#e0559a"];
 const SVG = "http://www.w3.org/2000/svg";
 const colours = new Map();
@@ -42,7 +43,11 @@ function svg(tag, attrs = {}) {
   return node;
 }
 
+// One time convention with the CLI and the API: UTC, 24 hours.
+function utcTime(value) { return new Date(value).toISOString().slice(11, 19) + " UTC"; }
+
 function fmt(value, digits = 2) { return value === null || value === undefined ? "–" : Number(value).toFixed(digits); }
+function short(text, most) { return text.length <= most ? text : text.slice(0, most - 1) + "…"; }
 function bytes(n) {
   const units = ["B", "KiB", "MiB", "GiB", "TiB"];
   let i = 0;
@@ -61,10 +66,12 @@ function renderFunctions(functions) {
     const s = f.streams;
     const streams = el("td", { class: "num streams" }, !s ? "–" :
       `${fmt(s.first_chunk_p50_ms, 1)} / ${fmt(s.chunk_gap_p50_ms, 1)} ms`);
-    const status = el("span", { class: "status " + f.status, title: f.error || "" }, f.status);
+    const status = el("td", {}, el("span", { class: "status " + f.status, title: f.error || "" }, f.status));
+    // Why it failed, in its own row: the reason must not need a trip to the decisions list.
+    if (f.error) status.append(el("div", { class: "error reason", title: f.error }, short(f.error, ERROR_SHOWN)));
     return el("tr", { "data-function": f.name },
       el("td", {}, el("strong", {}, f.name), f.inference_protocol ? el("span", { class: "muted" }, " · v2") : ""),
-      el("td", {}, status), el("td", { class: "num" }, f.version),
+      status, el("td", { class: "num" }, f.version),
       el("td", { class: "num instances" }, `${f.ready} ready` + (f.starting ? `, ${f.starting} starting` : "")
         + (f.queued ? `, ${f.queued} queued` : "")),
       el("td", { class: "num rate" }, fmt(f.rate_per_s, 1)), p99, streams, el("td", {}, profile),
@@ -158,7 +165,7 @@ function renderDevices(devices) {
 
 function renderEvents(events) {
   document.querySelector("#events tbody").replaceChildren(...events.map(e => el("tr", {},
-    el("td", { class: "num" }, new Date(e.at).toLocaleTimeString()), el("td", {}, e.function),
+    el("td", { class: "num" }, utcTime(e.at)), el("td", {}, e.function),
     el("td", {}, e.action), el("td", {}, e.reason))));
 }
 
@@ -203,7 +210,7 @@ async function poll() {
     document.getElementById("key-form").hidden = true;
     document.getElementById("summary").textContent =
       `${data.devices.length} devices · ${filter ? "" : data.functions_total + " functions · "}${data.instances} instances`;
-    document.getElementById("updated").textContent = "updated " + new Date(data.at * 1000).toLocaleTimeString();
+    document.getElementById("updated").textContent = "updated " + utcTime(data.at * 1000);
     renderFunctions(data.functions);
     renderShown(data.functions.length, data.functions_total, filter);
     renderDevices(data.devices);
