@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tests.conftest import FIXTURE_FUNCTIONS
+from tests.waiting import eventually
 
 REPO = FIXTURE_FUNCTIONS.parents[2]
 
@@ -41,8 +42,13 @@ def test_workflows_events_and_instances_page_and_the_cli_follows(start_platform)
     listed = platform.cli("workflow", "ls")
     assert listed.returncode == 0 and all(name in listed.stdout for name in names)
 
-    # Events: the newest page first, each oldest first, the cursor leading back in time.
-    everything = platform.http.get("/v1/functions/echo/events", params={"limit": 1000}).json()
+    # Events: the newest page first, each oldest first, the cursor leading back in time. The
+    # deployment's last event first: events the controller still writes would shift the pages.
+    def deployed() -> list | None:
+        events = platform.http.get("/v1/functions/echo/events", params={"limit": 1000}).json()
+        return events if any(e["action"] == "deployed" for e in events) else None
+
+    everything = eventually(deployed, timeout=60, what="the deployment's last event")
     assert len(everything) >= 2, everything
     pages, params = [], {"limit": 1}
     while True:
