@@ -18,13 +18,28 @@ def upload_weights(client: GatewayClient, text: str, folder: Path) -> tuple[str,
     """(the spec's text with its ``weights`` path replaced by the file's digest, the file) after
     uploading the file unless the gateway has it; the text unchanged and None when the spec
     names no file (no weights, or a digest already)."""
+    text, path, digest = weights_digested(text, folder)
+    if path is None:
+        return text, None
+    if client.request("HEAD", f"/v1/artifacts/{digest}", allow_status=(404,)).status_code != 200:
+        client.request("PUT", f"/v1/artifacts/{digest}", content=file_chunks(path),
+                       headers={"content-type": "application/octet-stream",
+                                "content-length": str(path.stat().st_size)},
+                       timeout=UPLOAD_TIMEOUT_S)
+    return text, path
+
+
+def weights_digested(text: str, folder: Path) -> tuple[str, Path | None, str | None]:
+    """(the spec's text with its ``weights`` path replaced by the file's digest, the file, the
+    digest), the file checked to be safetensors; nothing is sent (``dilu spec check`` stops
+    here). The text unchanged, None and None when the spec names no file."""
     try:
         document = yaml.safe_load(text)
     except yaml.YAMLError:
-        return text, None   # the gateway names what is malformed
+        return text, None, None   # the spec's own check names what is malformed
     named = document.get("weights") if isinstance(document, dict) else None
     if not isinstance(named, str) or is_digest(named):
-        return text, None
+        return text, None, None
     path = (folder / named).resolve()
     if not path.is_file():
         raise CliError(f"weights: {named!r} is not a file (looked for {path})")
@@ -33,12 +48,7 @@ def upload_weights(client: GatewayClient, text: str, folder: Path) -> tuple[str,
     except ArtifactError as exc:
         raise CliError(f"weights: {named}: {exc} (save it with safetensors.torch.save_file)") from None
     digest = digest_of_file(path)
-    if client.request("HEAD", f"/v1/artifacts/{digest}", allow_status=(404,)).status_code != 200:
-        client.request("PUT", f"/v1/artifacts/{digest}", content=file_chunks(path),
-                       headers={"content-type": "application/octet-stream",
-                                "content-length": str(path.stat().st_size)},
-                       timeout=UPLOAD_TIMEOUT_S)
-    return _with_digest(text, document, digest), path
+    return _with_digest(text, document, digest), path, digest
 
 
 def _with_digest(text: str, document: dict, digest: str) -> str:

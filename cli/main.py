@@ -113,8 +113,9 @@ def _deploy_examples(url: str, api_key: str | None) -> None:
     client = GatewayClient(url, api_key=api_key)
     for spec_file in sorted(folder.glob("*/model.yaml")):
         try:
+            text, _ = upload_weights(client, spec_file.read_text(encoding="utf-8"), spec_file.parent)
             function = client.json("POST", "/v1/functions", json={
-                "yaml": spec_file.read_text(encoding="utf-8"), "source_dir": str(spec_file.parent.resolve())})
+                "yaml": text, "source_dir": str(spec_file.parent.resolve())})
             out.print(f"demo: deployed {function['name']}  ->  POST {function['invoke_url']}"
                       f"  (sample: {spec_file.parent / 'request.json'})", highlight=False)
         except CliError as exc:
@@ -592,15 +593,18 @@ def spec_schema() -> None:
 @spec_app.command("check")
 def spec_check(file: Path) -> None:
     """Validate a model.yaml locally (field errors name the line)."""
+    from cli.artifacts import weights_digested
     from dilu.source import check_handler_source
     from dilu.spec import SpecError, make_spec
 
     try:
-        spec = make_spec(file.read_text(encoding="utf-8"))
+        # A weights file the spec names is checked as dilu deploy checks it, without sending it.
+        text, _, _ = weights_digested(file.read_text(encoding="utf-8"), file.resolve().parent)
+        spec = make_spec(text)
         check_handler_source(file.resolve().parent, spec.handler)
     except FileNotFoundError:
         _fail(f"{file}: no such file")
-    except SpecError as exc:
+    except (SpecError, CliError) as exc:
         _fail(f"{file}: {exc}")
     out.print(f"{file}: ok ({spec.name})", highlight=False)
 

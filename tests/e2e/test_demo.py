@@ -38,8 +38,12 @@ def _check_iris(body: dict) -> None:
     assert all(abs(sum(row) - 1) < 1e-5 for row in body["probabilities"])
 
 
+def _check_digits(body: dict) -> None:
+    assert body["digit"] == 7 and abs(sum(body["probabilities"]) - 1) < 1e-5    # a held-out 7
+
+
 CHECKS = {"resnet": _check_resnet, "bert": _check_bert, "gpt": _check_gpt, "echo": _check_echo,
-          "iris": _check_iris}
+          "iris": _check_iris, "digits": _check_digits}
 
 
 @pytest.mark.parametrize("backend", ["embedded", "postgres+redis"])

@@ -91,3 +91,23 @@ def test_an_artifact_over_the_limit_is_refused_before_it_is_stored(start_platfor
     answer = httpx.put(f"{platform.url}/v1/artifacts/{digest}", content=iter([data]), timeout=30)
     assert answer.status_code == 413 and "DILU_MAX_ARTIFACT_BYTES" in answer.json()["error"]
     assert not any(p for p in (platform.home / "artifacts").iterdir() if not p.name.startswith("."))
+
+
+def test_the_digits_example_reads_held_out_handwriting_with_its_trained_weights(start_platform) -> None:
+    import gzip
+
+    example = FIXTURE_FUNCTIONS.parents[2] / "examples" / "digits"
+    platform = start_platform()
+    deployed = platform.cli("deploy", str(example / "model.yaml"))     # uploads the weights as an artifact
+    assert deployed.returncode == 0, deployed.stderr
+    assert platform.function("digits")["spec"]["weights"].startswith("sha256:")
+    rows = [[int(v) for v in line.split(",")] for line in gzip.open(example / "data" / "digits.csv.gz", "rt")]
+    held_out = [row for index, row in enumerate(rows) if index % 5 == 0][:60]   # train.py never saw these
+    right = 0
+    for row in held_out:
+        reply = platform.invoke("digits", {"image": [row[i * 8:(i + 1) * 8] for i in range(8)]})
+        assert reply.status_code == 200, reply.text
+        right += reply.json()["digit"] == row[64]
+    assert right >= 55, f"{right} of {len(held_out)} held-out digits read right"
+    refused = platform.invoke("digits", {"image": [[17] * 8] * 8})
+    assert refused.status_code == 422 and "from 0 (white) to 16 (black)" in refused.json()["error"]

@@ -34,6 +34,21 @@ def test_spec_check(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
+def test_spec_check_reads_a_weights_file_as_deploy_would(tmp_path: Path) -> None:
+    import shutil
+
+    digits = FIXTURE_FUNCTIONS.parents[2] / "examples" / "digits"
+    good = run("spec", "check", str(digits / "model.yaml"))       # weights: model.safetensors, a path
+    assert good.returncode == 0 and "ok (digits)" in good.stdout, good.stderr
+    folder = shutil.copytree(digits, tmp_path / "digits")
+    (folder / "model.safetensors").write_bytes(b"not a safetensors file")
+    broken = run("spec", "check", str(folder / "model.yaml"))
+    assert broken.returncode == 1 and "weights: model.safetensors" in broken.stderr, broken.stderr
+    (folder / "model.safetensors").unlink()
+    missing = run("spec", "check", str(folder / "model.yaml"))
+    assert missing.returncode == 1 and "is not a file" in missing.stderr
+
+
 def test_migrate_creates_the_schema(tmp_path: Path) -> None:
     result = subprocess.run([dilu_executable(), "migrate"], capture_output=True, text=True, timeout=120,
                             env={**os.environ, "DILU_HOME": str(tmp_path)})
