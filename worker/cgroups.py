@@ -26,6 +26,16 @@ def cfs_quota(share: float | None, cores: int) -> int | None:
     return None if share is None or share >= 1.0 else max(1000, int(share * cores * PERIOD_US))
 
 
+def writable_group(path: Path) -> bool:
+    """Whether this process can make groups in ``path`` (made here when missing). A group an
+    earlier worker made as root exists for every user, writable or not: existing is not enough."""
+    try:
+        path.mkdir(exist_ok=True)
+    except OSError:
+        return False
+    return os.access(path, os.W_OK | os.X_OK)
+
+
 class CpuLimiter:
     """Creates a group per instance and sets its quota; ``available`` says whether it can."""
 
@@ -49,13 +59,8 @@ class CpuLimiter:
                     return 2, base
                 except OSError:
                     continue
-        if (ROOT_V1 / "cpu.cfs_quota_us").exists():
-            base = ROOT_V1 / "dilu"
-            try:
-                base.mkdir(exist_ok=True)
-                return 1, base
-            except OSError:
-                pass
+        if (ROOT_V1 / "cpu.cfs_quota_us").exists() and writable_group(ROOT_V1 / "dilu"):
+            return 1, ROOT_V1 / "dilu"
         return None, None
 
     def group(self, instance_id: str) -> Path | None:
@@ -194,11 +199,8 @@ class InstanceGroups:
             if not (root / "cgroup.procs").exists():
                 continue
             base = root / _own_v1_path(controller).lstrip("/") / "dilu"
-            try:
-                base.mkdir(exist_ok=True)
+            if writable_group(base):
                 bases[controller] = base
-            except OSError:
-                pass
         return (1 if bases else None), None, bases
 
     def _groups(self, instance_id: str) -> list[Path]:
