@@ -10,13 +10,12 @@ and sees nothing else of the closed folder (root's other files, the worker's sta
 
 from __future__ import annotations
 
-import ctypes
 import os
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND, _MS_REC = 0x1, 0x2, 0x4, 0x20, 0x1000, 0x4000
+from worker.mounts import bind_read_only, tmpfs
 
 
 @dataclass(frozen=True)
@@ -86,15 +85,8 @@ def hold(covers: tuple[Cover, ...]) -> list[tuple[Cover, list[tuple[str, int | s
 def apply(held: list[tuple[Cover, list[tuple[str, int | str]]]]) -> None:
     """In the calling process's own mount namespace (as root): each cover's folder becomes an
     empty tmpfs, traversable only, with its held paths bound back read-only. Raises OSError."""
-    libc = ctypes.CDLL(None, use_errno=True)
-
-    def mount(source: bytes | None, target: str, kind: bytes | None, flags: int, options: bytes | None) -> None:
-        if libc.mount(source, target.encode(), kind, flags, options) != 0:
-            error = ctypes.get_errno()
-            raise OSError(error, f"a view of {target}: {os.strerror(error)}")
-
     for cover, entries in held:
-        mount(b"tmpfs", cover.folder, b"tmpfs", _MS_NOSUID | _MS_NODEV, b"size=1m,mode=0711")
+        tmpfs(cover.folder, b"size=1m,mode=0711")
         for path, source in entries:
             os.makedirs(os.path.dirname(path), mode=0o711, exist_ok=True)
             if isinstance(source, str):
@@ -104,6 +96,4 @@ def apply(held: list[tuple[Cover, list[tuple[str, int | str]]]]) -> None:
                 os.mkdir(path, mode=0o711)
             else:
                 os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
-            mount(f"/proc/self/fd/{source}".encode(), path, None, _MS_BIND | _MS_REC, None)
-            mount(None, path, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY, None)
-            os.close(source)
+            bind_read_only(source, path)

@@ -21,14 +21,13 @@ import tempfile
 from pathlib import Path
 
 from worker import reach as reach_module
+from worker.mounts import MS_REC, MS_SLAVE, bind_read_only, tmpfs
 from worker.reach import Cover
 from worker.uids import InstanceUser, UidRegistry
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_DUMPABLE = 4
 _CLONE_NEWNS = 0x00020000
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND = 0x1, 0x2, 0x4, 0x20, 0x1000
-_MS_REC, _MS_SLAVE = 0x4000, 0x80000
 PRIVATE_TEMP = ("/tmp", "/var/tmp", "/dev/shm")      # the folders every user may write
 SANDBOX_PARENT = Path("/run")   # root's own, and out of PRIVATE_TEMP: instances must still reach their folder
 
@@ -59,13 +58,7 @@ def private_temp(size_bytes: int, keep: tuple[str, ...] = (), reach: tuple[Cover
     traverse, seen holding only the platform's own paths (``worker.reach``). Raises OSError when
     the kernel refuses (no CAP_SYS_ADMIN)."""
     libc = ctypes.CDLL(None, use_errno=True)
-
-    def mount(source: bytes | None, target: str, kind: bytes | None, flags: int, options: bytes | None) -> None:
-        if libc.mount(source, target.encode(), kind, flags, options) != 0:
-            error = ctypes.get_errno()
-            raise OSError(error, f"a private {target}: {os.strerror(error)}")
-
-    if libc.unshare(_CLONE_NEWNS) != 0 or libc.mount(b"none", b"/", None, _MS_REC | _MS_SLAVE, None) != 0:
+    if libc.unshare(_CLONE_NEWNS) != 0 or libc.mount(b"none", b"/", None, MS_REC | MS_SLAVE, None) != 0:
         error = ctypes.get_errno()
         raise OSError(error, f"a mount namespace of its own: {os.strerror(error)}")
     held = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY)) for path in keep if os.path.isdir(path)]
@@ -73,12 +66,10 @@ def private_temp(size_bytes: int, keep: tuple[str, ...] = (), reach: tuple[Cover
     options = f"size={size_bytes},mode=1777".encode()
     for target in PRIVATE_TEMP:
         if os.path.isdir(target):
-            mount(b"tmpfs", target, b"tmpfs", _MS_NOSUID | _MS_NODEV, options)
+            tmpfs(target, options)
     for path, fd in held:     # the originals, reached through descriptors opened before the tmpfs hid them
         os.makedirs(path, mode=0o755, exist_ok=True)
-        mount(f"/proc/self/fd/{fd}".encode(), path, None, _MS_BIND | _MS_REC, None)
-        mount(None, path, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY, None)
-        os.close(fd)
+        bind_read_only(fd, path)
     reach_module.apply(reached)
 
 
@@ -198,13 +189,17 @@ class Sandboxes:
 def interpreter_problem(python: str) -> str | None:
     """Why ``python`` cannot import Dilu's instance runtime even as the worker's own user (not the
     Python Dilu is installed in, or no Python at all), or None when it can."""
+    return _failure_of([python, "-c", "import worker.instance.server"])
+
+
+def _failure_of(command: list[str]) -> str | None:
+    """The last line a probe printed when it failed (an ImportError, a refused mount), or None."""
     import subprocess
 
     try:
-        probe = subprocess.run([python, "-c", "import worker.instance.server"], capture_output=True, text=True,
-                               timeout=120, stdin=subprocess.DEVNULL, cwd="/")
+        probe = subprocess.run(command, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, cwd="/")
     except (OSError, subprocess.SubprocessError) as exc:
-        return f"{python}: {exc}"
+        return f"{command[0]}: {exc}"
     if probe.returncode != 0:
         return (probe.stderr.strip().splitlines() or [f"exit status {probe.returncode}"])[-1]
     return None
@@ -215,19 +210,11 @@ def runtime_problem(python: str, user: InstanceUser, reach: tuple[Cover, ...] = 
     host (its private /tmp, ``reach``'s covers), tried in a root child that takes that view and
     that user and then starts the interpreter afresh; None when it can."""
     import json
-    import subprocess
 
     plan = {"python": python, "uid": user.uid, "gid": user.gid, "keep": list(kept_in_temp(platform_paths(python))),
             "reach": [cover.to_json() for cover in reach]}
     code = "import json, sys; from worker.sandbox import probe_as_instance; probe_as_instance(json.loads(sys.argv[1]))"
-    try:
-        probe = subprocess.run([python, "-c", code, json.dumps(plan)], capture_output=True, text=True, timeout=120,
-                               stdin=subprocess.DEVNULL, cwd="/")
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"{python}: {exc}"
-    if probe.returncode != 0:
-        return (probe.stderr.strip().splitlines() or [f"exit status {probe.returncode}"])[-1]
-    return None
+    return _failure_of([python, "-c", code, json.dumps(plan)])
 
 
 def probe_as_instance(plan: dict) -> None:
