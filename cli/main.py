@@ -559,6 +559,10 @@ def status(output: OutputOption = Output.table) -> None:
         return print_json(info)
     out.print(f"gateway {info['gateway']}   database {info['database']}   state {info['state_store']}",
               highlight=False)
+    controller = info.get("controller") or {}
+    out.print(f"controller: {controller['leader']} leads (term {controller['term']}, for "
+              f"{controller['leading_for_s']:.0f} s)" if controller.get("leader") else
+              "controller: none leads now (nothing is placed, scaled or recovered until one does)", highlight=False)
     table = Table("WORKER", "STATE", "DEVICE", "MEMORY", "INSTANCES", "RUNTIME POOL")
     for w in info["workers"]:
         pool = w.get("runtime_pool")

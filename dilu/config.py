@@ -137,6 +137,12 @@ class ControllerSettings(CommonSettings):
     """The control loops."""
 
     reconcile_interval_s: float = Field(0.5, gt=0)
+    leader_lease_s: float = Field(3.0, ge=0.5, le=60, description="Controllers: the lease the leader renews every "
+                                                                  "third of; a standby takes over within it (and a "
+                                                                  "sixth more) of the leader's death or partition")
+    controller_id: str | None = Field(None, min_length=1, max_length=200,
+                                      description="This controller's name in the lease and in dilu status "
+                                                  "(default: host:pid:nonce)")
     quiet_interval_s: float = Field(2.0, gt=0, description="The pass interval while nothing happens (no requests "
                                                            "lately, nothing starting, stopping or deploying); "
                                                            "events still wake the controller at once")

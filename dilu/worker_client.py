@@ -9,6 +9,7 @@ from typing import Any, Protocol, TypeVar
 import httpx
 
 from dilu.failures import describe
+from dilu.fencing import TERM_HEADER
 from dilu.messages import InstanceStatus, StartInstance
 from dilu.slices import ComputeSlice
 
@@ -84,11 +85,14 @@ async def _awaited(call: Callable[[], Awaitable[T]]) -> T:
 class HttpWorkerClient:
     """For roles on different hosts: the worker's HTTP API (worker/api.py)."""
 
-    def __init__(self, base_url: str, http: httpx.AsyncClient, cluster_key: str | None = None) -> None:
+    def __init__(self, base_url: str, http: httpx.AsyncClient, cluster_key: str | None = None,
+                 term: int | None = None) -> None:
         self._base = base_url.rstrip("/")
         self._http = http
         # Sent per call, never as the shared client's default: that client also reaches instances.
         self._headers = {"authorization": f"Bearer {cluster_key}"} if cluster_key else {}
+        if term is not None:      # a leading controller's calls (dilu.fencing)
+            self._headers[TERM_HEADER] = str(term)
 
     async def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
@@ -127,10 +131,17 @@ class HttpWorkerClient:
 class WorkerDirectory:
     """Finds the client for a worker: the in-process agent when local, else its HTTP API."""
 
-    def __init__(self, http: httpx.AsyncClient, cluster_key: str | None = None) -> None:
+    def __init__(self, http: httpx.AsyncClient, cluster_key: str | None = None, term: int | None = None) -> None:
         self._http = http
         self._cluster_key = cluster_key
         self._local: dict[str, WorkerClient] = {}
+        self.term = term   # a leading controller's: its calls to workers carry it
+
+    def with_term(self, term: int) -> WorkerDirectory:
+        """The same workers, reached by the controller leading in ``term``."""
+        directory = WorkerDirectory(self._http, self._cluster_key, term)
+        directory._local = self._local
+        return directory
 
     def register_local(self, worker_id: str, client: WorkerClient) -> None:
         self._local[worker_id] = client
@@ -149,5 +160,5 @@ class WorkerDirectory:
         if worker_id in self._local:
             return self._local[worker_id]
         if url:
-            return HttpWorkerClient(url, self._http, self._cluster_key)
+            return HttpWorkerClient(url, self._http, self._cluster_key, self.term)
         return None

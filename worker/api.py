@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from dilu.fencing import TERM_HEADER, TermWatermark
 from dilu.messages import StartInstance
 from dilu.peers import PeerUids
 from dilu.slices import ComputeSlice, SliceError
@@ -48,6 +49,22 @@ def create_worker_api(agent: WorkerAgent, cluster_key: str | None = None,
                 return JSONResponse({"error": "this worker takes orders only from its cluster "
                                               "(DILU_CLUSTER_KEY)"}, status_code=401)
             return await call_next(request)
+
+    newest = TermWatermark()
+
+    @app.middleware("http")
+    async def only_the_leading_controller(request: Request,
+                                          call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        """A controller sends its lease's term on every call (``dilu.fencing``); a reading call
+        teaches the worker the newest term, and an order from an older one is refused."""
+        given = request.headers.get(TERM_HEADER)
+        if given is not None:
+            if not given.isdigit() or len(given) > 18:
+                return JSONResponse({"error": f"{TERM_HEADER} must be a whole number"}, status_code=400)
+            if not newest.admit(int(given)) and request.method not in ("GET", "HEAD"):
+                return JSONResponse({"error": f"refused: this order comes from controller term {given}, and "
+                                              f"term {newest.newest} leads now"}, status_code=409)
+        return await call_next(request)
 
     @app.get("/v1/info")
     async def info() -> dict[str, Any]:

@@ -18,12 +18,14 @@ import ctypes
 import ctypes.util
 import logging
 import threading
+from functools import partial
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from cli.roles.worker import make_agents
 from dilu.config import AllInOneSettings
-from dilu.controller.reconciler import Reconciler
+from dilu.controller.leadership import Leadership, controller_identity, fenced_sessions, lead
+from dilu.controller.reconciler import SHUTDOWN_GRACE_S, Reconciler
 from dilu.default_impl import create_scheduler, store_for_another_loop
 from dilu.state.base import StateStore
 from dilu.worker_client import InProcessWorkerClient, WorkerDirectory
@@ -93,10 +95,19 @@ class ControlThread:
             await asyncio.gather(*(agent.adopt() for agent in agents))
             for agent in agents:
                 self._directory.register_local(agent.info.id, InProcessWorkerClient(agent, loop))
-            reconciler = Reconciler(sessions=self._sessions, store=store, directory=self._directory,
-                                    scheduler=create_scheduler(self._settings.scheduler), settings=self._settings)
+            # The same lease and fencing as separate controllers: one process here, so it leads at
+            # once, or within a lease of an earlier run that was killed.
+            leadership = Leadership(self._sessions, controller_identity(self._settings.controller_id),
+                                    self._settings.leader_lease_s)
+
+            def reconciler_for(term: int) -> Reconciler:
+                return Reconciler(sessions=fenced_sessions(self._sessions, term, partial(leadership.deposed, term)),
+                                  store=store, directory=self._directory.with_term(term),
+                                  scheduler=create_scheduler(self._settings.scheduler), settings=self._settings,
+                                  term=term)
+
             tasks = [asyncio.create_task(agent.run()) for agent in agents]
-            tasks.append(asyncio.create_task(reconciler.run()))
+            tasks.append(asyncio.create_task(lead(leadership, reconciler_for, SHUTDOWN_GRACE_S)))
             self._started.set_result(None)
             try:
                 await self._stop.wait()
@@ -104,7 +115,6 @@ class ControlThread:
                 for task in tasks:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
-                await reconciler.shutdown()
                 await asyncio.gather(*(agent.shutdown() for agent in agents), return_exceptions=True)
         finally:
             if store is not self._store:

@@ -58,7 +58,7 @@ class Actuator:
         row = InstanceRow(id=instance_id, function=function.name, function_version=function.version,
                           worker_id=info.id, state=STARTING, memory_bytes=request.memory_bytes,
                           sm_request=chosen.compute.request, sm_limit=chosen.compute.limit, created_at=utcnow(),
-                          role=role)
+                          role=role, term=self.ctx.term)
         await self.ctx.db(repo.create_instance, row=row)
         action = "scale-up" if role == InstanceRole.SERVE else "profile"
         await self.ctx.event(function.name, action, f"{reason}; {decision.reason} on {info.id}", instance_id)

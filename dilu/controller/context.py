@@ -11,6 +11,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from dilu.db import repo
+from dilu.fencing import Deposed
 from dilu.messages import Endpoint, FunctionStatus
 from dilu.state.base import Channel, StateStore
 from dilu.worker_client import WorkerDirectory
@@ -19,8 +20,10 @@ log = logging.getLogger(__name__)
 
 
 class ControllerContext:
-    def __init__(self, *, sessions: sessionmaker[Session], store: StateStore, directory: WorkerDirectory) -> None:
+    def __init__(self, *, sessions: sessionmaker[Session], store: StateStore, directory: WorkerDirectory,
+                 term: int | None = None) -> None:
         self.sessions = sessions
+        self.term = term   # the lease's, carried by every decision (dilu.fencing); None: unfenced (tests)
         self.store = store
         self.directory = directory
         self.wake = asyncio.Event()
@@ -40,7 +43,7 @@ class ControllerContext:
         published = (await self.store.get_routes()).get(function, [])
         routes = [e for e in published if e.instance_id != instance_id] + ([endpoint] if endpoint else [])
         if sorted(routes, key=lambda e: e.instance_id) != sorted(published, key=lambda e: e.instance_id):
-            await self.store.set_routes(function, routes)
+            await self.store.set_routes(function, routes, term=self.term)
             await self.store.publish(Channel.ROUTES, {"function": function})
 
     def _db(self, fn: Callable[..., Any], /, **kwargs: Any) -> Any:
@@ -63,7 +66,8 @@ class ControllerContext:
     async def event(self, function: str, action: str, reason: str, instance_id: str | None = None) -> None:
         log.info("%s %s: %s", function, action, reason)
         self.actions += 1
-        await self.db(repo.record_event, function=function, action=action, reason=reason, instance_id=instance_id)
+        await self.db(repo.record_event, function=function, action=action, reason=reason, instance_id=instance_id,
+                      term=self.term)
 
     def spawn(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task:
         """Runs a worker call in the background; the loop wakes when it ends."""
@@ -72,6 +76,8 @@ class ControllerContext:
                 await coroutine
             except asyncio.CancelledError:
                 pass
+            except Deposed as exc:
+                log.info("a late decision was refused: %s", exc)
             except IntegrityError:
                 # Its function was deleted under it (foreign keys): nothing left to do.
                 log.info("a background task's function was deleted meanwhile")

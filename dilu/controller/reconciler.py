@@ -1,9 +1,11 @@
 """The reconcile loop: liveness of workers, what instances really do, and the routing table.
 
-One controller runs at a time. Each pass is idempotent: it reads the database, the workers'
-reports and the gateways' activity, folds observations into instance rows, lets the function
-manager decide and act per function, then publishes the routes. A stop is sent as soon as it is
-decided, once the routes without that instance are out, so the gateway drains it first.
+One controller acts at a time: the one holding the lease (``dilu.controller.leadership``), whose
+term every write, order and route carries (``dilu.fencing``). Each pass is idempotent: it reads
+the database, the workers' reports and the gateways' activity, folds observations into instance
+rows, lets the function manager decide and act per function, then publishes the routes. A stop
+is sent as soon as it is decided, once the routes without that instance are out, so the gateway
+drains it first.
 """
 
 from __future__ import annotations
@@ -26,11 +28,13 @@ from dilu.controller.observe import UNKNOWN_GRACE_S, RowView, fold
 from dilu.db import repo
 from dilu.db.models import FunctionRow, InstanceRow, ProfileRow, WorkerRow, utcnow
 from dilu.failures import FailureLog
+from dilu.fencing import Deposed
 from dilu.messages import (
     ACTIVE_STATES,
     FAILED,
     READY,
     STARTING,
+    STOPPED,
     STOPPING,
     Endpoint,
     FunctionActivity,
@@ -77,6 +81,10 @@ def _patched(session: Session, catalogue: tuple[dict[str, FunctionRow], dict[tup
     return functions, profiles
 
 
+def _earlier_term(row_term: int | None, term: int | None) -> bool:
+    return term is not None and (row_term is None or row_term < term)
+
+
 def wake_in_s(activity: dict[str, FunctionActivity], now: float, interval_s: float) -> float:
     """How long the loop may sleep: the interval, or less when a workflow's expectation of a
     function ends sooner (a node loaded for a request may be released the moment it does, and
@@ -87,9 +95,9 @@ def wake_in_s(activity: dict[str, FunctionActivity], now: float, interval_s: flo
 
 class Reconciler:
     def __init__(self, *, sessions: sessionmaker[Session], store: StateStore, directory: WorkerDirectory,
-                 scheduler: Scheduler, settings: ControllerSettings | None = None) -> None:
+                 scheduler: Scheduler, settings: ControllerSettings | None = None, term: int | None = None) -> None:
         self.settings = settings or ControllerSettings()
-        self.ctx = ControllerContext(sessions=sessions, store=store, directory=directory)
+        self.ctx = ControllerContext(sessions=sessions, store=store, directory=directory, term=term)
         self.actuator = Actuator(self.ctx, scheduler)
         self.functions = FunctionManager(self.ctx, self.actuator, self.settings)
         self._store = store
@@ -131,6 +139,9 @@ class Reconciler:
                 try:
                     await self.reconcile_once()
                     self._pass_failures.succeeded()
+                except Deposed as exc:
+                    log.warning("stopping: %s", exc)    # another controller leads
+                    return
                 except Exception as exc:  # noqa: BLE001 - the next pass tries again
                     self._pass_failures.failed(exc)
                 log.debug("reconcile pass took %.1f ms", (time.perf_counter() - started) * 1000)
@@ -258,6 +269,8 @@ class Reconciler:
             try:
                 await self.functions.reconcile(function, rows, snapshot.profiles.get((function.name, function.version)),
                                                activity.get(function.name, FunctionActivity()), live, telemetry)
+            except Deposed:
+                raise
             except Exception:
                 log.exception("reconciling %s failed", function.name)
         async with self.ctx.routes_lock:
@@ -381,10 +394,23 @@ class Reconciler:
             if row.state not in ACTIVE_STATES | {STOPPING} or row.worker_id not in reachable:
                 continue
             status = observed.get(row.id)
+            if status is None and row.state == STARTING and _earlier_term(row.term, self.ctx.term):
+                await self._abandoned(row, now)
+                continue
             grace = UNKNOWN_GRACE_S if row.created_at >= self._started_at else 0.0
             updates = fold(RowView(row.id, row.state, row.created_at), status, now, grace)
             if updates:
                 await self._apply(row, status, updates)
+
+    async def _abandoned(self, row: InstanceRow, now: datetime) -> None:
+        """A start an earlier leader placed that its worker never received (the leader stopped
+        between the two): ended without counting as the function's failure, so the function
+        manager places it again."""
+        await self.ctx.db(repo.update_instance, instance_id=row.id, state=STOPPED, ended_at=now,
+                          error=f"never started: the controller of term {row.term} placed it and stopped "
+                                "before its worker confirmed the start")
+        await self.ctx.event(row.function, "start-abandoned", f"instance {row.id} was placed by the controller "
+                             f"of term {row.term}, which stopped before its worker started it", row.id)
 
     async def _apply(self, row: InstanceRow, status: InstanceStatus | None, updates: dict) -> None:
         """Writes a row's folded updates and what follows from them (events, loading samples)."""
@@ -446,7 +472,7 @@ class Reconciler:
         for name in set(routes) | set(stored):
             endpoints = sorted(routes.get(name, []), key=lambda e: e.instance_id)
             if endpoints != stored.get(name):
-                await self._store.set_routes(name, endpoints)
+                await self._store.set_routes(name, endpoints, term=self.ctx.term)
                 await self._store.publish(Channel.ROUTES, {"function": name})
 
     async def shutdown(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:

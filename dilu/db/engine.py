@@ -15,8 +15,11 @@ from dilu.db import migrations
 MIGRATIONS_DIR = Path(migrations.__file__).parent
 
 
-def make_engine(url: str) -> Engine:
-    """An engine for ``url``; SQLite gets WAL and a busy timeout so roles can share one file."""
+def make_engine(url: str, idle_in_transaction_s: float | None = None) -> Engine:
+    """An engine for ``url``; SQLite gets WAL and a busy timeout so roles can share one file.
+    ``idle_in_transaction_s`` (PostgreSQL): the server ends a session that sits that long inside
+    a transaction, releasing its locks (a controller paused mid-write must not hold up the one
+    that takes over from it)."""
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
@@ -29,7 +32,10 @@ def make_engine(url: str) -> Engine:
             cursor.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=10)
+    options = {}
+    if idle_in_transaction_s is not None:
+        options = {"options": f"-c idle_in_transaction_session_timeout={max(1, int(idle_in_transaction_s * 1000))}"}
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=10, connect_args=options)
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:

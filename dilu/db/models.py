@@ -148,6 +148,7 @@ class InstanceRow(Base):
     ready_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
     ended_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
     role: Mapped[str] = mapped_column(String(16), default="serve")  # serve | profile
+    term: Mapped[int | None] = mapped_column(BigInteger, nullable=True)   # the leading controller's, when placed
 
 
 class ProfileRow(Base):
@@ -184,3 +185,17 @@ class ScalingEventRow(Base):
     action: Mapped[str] = mapped_column(String(32))
     reason: Mapped[str] = mapped_column(Text)
     instance_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    term: Mapped[int | None] = mapped_column(BigInteger, nullable=True)   # the controller's term; None: a gateway's
+
+
+class LeaseRow(Base):
+    """Who leads the controllers (``dilu.db.lease``): the holder acts while ``expires_at`` (the
+    database's clock, Unix seconds) is ahead; every takeover raises ``term``."""
+
+    __tablename__ = "leases"
+
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(200))   # "" once released
+    term: Mapped[int] = mapped_column(BigInteger)
+    acquired_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float] = mapped_column(Float)

@@ -351,9 +351,9 @@ def prune_instances(*, session: Session, keep_ended: int) -> None:
 
 
 def record_event(*, session: Session, function: str, action: str, reason: str,
-                 instance_id: str | None = None) -> None:
+                 instance_id: str | None = None, term: int | None = None) -> None:
     session.add(ScalingEventRow(function=function, action=action, reason=reason,
-                                instance_id=instance_id, at=utcnow()))
+                                instance_id=instance_id, at=utcnow(), term=term))
     session.commit()
 
 

@@ -60,8 +60,10 @@ class StateStore(Protocol):
     async def telemetry(self) -> dict[str, dict[str, Any]]:
         """Per-instance telemetry from every live worker."""
 
-    async def set_routes(self, function: str, endpoints: list[Endpoint]) -> None:
-        """Replaces the ready endpoints of ``function`` (an empty list removes it)."""
+    async def set_routes(self, function: str, endpoints: list[Endpoint], term: int | None = None) -> None:
+        """Replaces the ready endpoints of ``function`` (an empty list removes it). With ``term``
+        (a leading controller's), raises ``dilu.fencing.Deposed`` instead if a newer term has
+        written routes: a deposed leader's late table must not replace the new leader's."""
 
     async def get_routes(self) -> dict[str, list[Endpoint]]:
         """The whole routing table."""

@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from dilu.fencing import Deposed, TermWatermark
 from dilu.messages import Endpoint, FunctionActivity, WorkerInfo
 from dilu.state.base import REQUEST_HISTORY_S, Channel, merge_activity
 
@@ -28,6 +29,7 @@ class MemoryStore:
         self._snapshots: dict[str, tuple[dict[str, dict[str, Any]], float]] = {}
         self._counts: dict[str, dict[int, int]] = {}
         self._routes: dict[str, list[Endpoint]] = {}
+        self._routes_term = TermWatermark()
         self._telemetry: dict[str, tuple[dict[str, dict[str, Any]], float]] = {}
         self._subscribers: dict[str, dict[asyncio.Queue, asyncio.AbstractEventLoop]] = {}
         self._histories: dict[str, tuple[deque[dict[str, Any]], float]] = {}
@@ -72,8 +74,10 @@ class MemoryStore:
                     merged.update(instances)
         return merged
 
-    async def set_routes(self, function: str, endpoints: list[Endpoint]) -> None:
+    async def set_routes(self, function: str, endpoints: list[Endpoint], term: int | None = None) -> None:
         with self._lock:
+            if term is not None and not self._routes_term.admit(term):
+                raise Deposed(term, self._routes_term.newest)
             if endpoints:
                 self._routes[function] = list(endpoints)
             else:

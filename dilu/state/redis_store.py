@@ -9,8 +9,20 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from dilu.fencing import Deposed
 from dilu.messages import Endpoint, FunctionActivity, WorkerInfo
 from dilu.state.base import REQUEST_HISTORY_S, Channel, merge_activity
+
+# Writes one function's routes unless a newer term has written routes (KEYS: the routes hash, the
+# term's key; ARGV: function, term, the endpoints' JSON or "" to remove). Returns the newest term.
+_FENCED_ROUTES = """
+local newest = tonumber(redis.call('get', KEYS[2]) or '0')
+local term = tonumber(ARGV[2])
+if term < newest then return newest end
+if term > newest then redis.call('set', KEYS[2], ARGV[2]) end
+if ARGV[3] == '' then redis.call('hdel', KEYS[1], ARGV[1]) else redis.call('hset', KEYS[1], ARGV[1], ARGV[3]) end
+return term
+"""
 
 
 class RedisStore:
@@ -19,6 +31,7 @@ class RedisStore:
     def __init__(self, url: str, prefix: str = "dilu:") -> None:
         self._redis = aioredis.Redis.from_url(url, decode_responses=True)
         self._prefix = prefix
+        self._fenced_routes = self._redis.register_script(_FENCED_ROUTES)
 
     def _key(self, *parts: str) -> str:
         return self._prefix + ":".join(parts)
@@ -72,10 +85,15 @@ class RedisStore:
                 merged.update(json.loads(value))
         return merged
 
-    async def set_routes(self, function: str, endpoints: list[Endpoint]) -> None:
+    async def set_routes(self, function: str, endpoints: list[Endpoint], term: int | None = None) -> None:
         key = self._key("routes")
-        if endpoints:
-            await self._redis.hset(key, function, json.dumps([e.to_dict() for e in endpoints]))
+        value = json.dumps([e.to_dict() for e in endpoints]) if endpoints else ""
+        if term is not None:
+            newest = int(await self._fenced_routes(keys=[key, self._key("routes-term")], args=[function, term, value]))
+            if newest != term:
+                raise Deposed(term, newest)
+        elif value:
+            await self._redis.hset(key, function, value)
         else:
             await self._redis.hdel(key, function)
 

@@ -7,8 +7,8 @@ import asyncio
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from dilu.db import repo
-from dilu.db.models import FunctionRow, InstanceRow, WorkerRow
+from dilu.db import lease, repo
+from dilu.db.models import FunctionRow, InstanceRow, LeaseRow, WorkerRow
 from dilu.messages import ACTIVE_STATES
 from gateway.deps import ServicesDep
 from gateway.docs import AUTH_ERRORS, SECURED
@@ -37,19 +37,29 @@ async def _pools(services: Control, workers: list[WorkerRow]) -> dict:
     return dict(await asyncio.gather(*(one(w) for w in workers)))
 
 
+def _leader(held: LeaseRow | None, now: float) -> dict:
+    """Who leads the controllers: the lease's holder while it is unexpired (None: no controller
+    leads now, and nothing is placed, scaled or recovered until one does)."""
+    leading = held is not None and held.holder and held.expires_at > now
+    return {"leader": held.holder if leading else None, "term": held.term if held else None,
+            "leading_for_s": round(now - held.acquired_at, 1) if leading else None,
+            "lease_left_s": round(held.expires_at - now, 2) if leading else None}
+
+
 @router.get("/v1/status", dependencies=SECURED, responses=AUTH_ERRORS)
 async def status(services: ServicesDep) -> dict:
-    def read() -> tuple[list[WorkerRow], list[FunctionRow], list[InstanceRow]]:
+    def read() -> tuple[list[WorkerRow], list[FunctionRow], list[InstanceRow], tuple[LeaseRow | None, float]]:
         with services.sessions() as session:
             return (repo.list_workers(session=session), repo.list_functions(session=session),
-                    repo.list_instances(session=session, active_only=True))
+                    repo.list_instances(session=session, active_only=True), lease.read(session=session))
 
-    workers, functions, active = await asyncio.to_thread(read)
+    workers, functions, active, (held, now) = await asyncio.to_thread(read)
     pools = await _pools(services, workers)
     return {
         "gateway": services.gateway_id,
         "database": services.settings.effective_database_url.split("://", 1)[0],
         "state_store": "redis" if services.settings.redis_url else "in-process",
+        "controller": _leader(held, now),
         "workers": [
             {"id": w.id, "state": w.state, "device": w.device_kind, "device_name": w.device_name,
              "memory_bytes": w.memory_bytes, "url": w.url,

@@ -45,6 +45,7 @@ def test_deploy_invoke_inspect_delete(backend: str, start_platform, request: pyt
     assert {"/v1/functions", "/v1/functions/{name}/invoke", "/v1/functions/{name}/slice"} <= set(paths)
     status = platform.cli("status")
     assert status.returncode == 0 and "alive" in status.stdout
+    assert "controller: " in status.stdout and " leads (term " in status.stdout, status.stdout
     expected_db = "sqlite" if backend == "embedded" else "postgresql"
     assert expected_db in status.stdout
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from dilu.messages import Endpoint
 from dilu.state.base import Channel
 from tests.builders import make_worker
@@ -59,3 +61,13 @@ async def test_histories_keep_the_newest_items_of_each_key(store) -> None:
     await store.append_history("v", {"i": "v"}, keep=3, ttl_s=30)
     assert await store.histories(["w", "v", "never"]) == {"w": [{"i": 2}, {"i": 3}, {"i": 4}],
                                                           "v": [{"i": "v"}], "never": []}
+
+
+async def test_routes_from_an_older_controller_term_are_refused(store) -> None:
+    from dilu.fencing import Deposed
+
+    await store.set_routes("f", [Endpoint("new", "http://new")], term=7)
+    with pytest.raises(Deposed, match="term 6"):
+        await store.set_routes("f", [Endpoint("late", "http://late")], term=6)
+    await store.set_routes("g", [Endpoint("c", "http://c")], term=7)
+    assert await store.get_routes() == {"f": [Endpoint("new", "http://new")], "g": [Endpoint("c", "http://c")]}
