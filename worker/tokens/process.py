@@ -74,9 +74,15 @@ class ManagerProcess:
         log.info("token manager for %s in process %d at %s", self.gpu_uuid, self._process.pid, self.socket_path)
 
     def stop(self) -> None:
-        if self._control is not None:
-            self._control.close()         # the process ends on EOF
-            self._control = None
+        with self._lock:      # not under a question being asked
+            if self._control is not None:
+                # The process ends on EOF: the reader made from the socket holds its descriptor
+                # open too, so both are closed (the socket alone would not end it, and the wait
+                # below would run out).
+                if self._reader is not None:
+                    self._reader.close()
+                self._control.close()
+                self._control = None
         if self._process is not None:
             try:
                 self._process.wait(5)
