@@ -24,6 +24,12 @@ URL_PATTERN = re.compile(r"(?:Dilu is up at|Dilu gateway at|Dilu worker at) (htt
 GRPC_PATTERN = re.compile(r"over gRPC at (\S+?);")
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def dilu_executable() -> str:
     found = shutil.which("dilu", path=str(Path(sys.executable).parent)) or shutil.which("dilu")
     assert found, "the dilu console script is not installed"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import uuid
 from pathlib import Path
@@ -19,7 +18,7 @@ import httpx
 import pytest
 
 from tests.conftest import FIXTURE_FUNCTIONS, ROOT
-from tests.platform import dilu_executable
+from tests.platform import dilu_executable, free_port
 from tests.waiting import eventually
 
 IMAGES = ("dilu/platform:latest", "dilu/runtime-cpu:latest", "dilu-ci/postgres:latest", "dilu-ci/redis:latest")
@@ -36,11 +35,6 @@ def _missing() -> str | None:
 
 pytestmark = pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_compose_up_deploy_invoke_down(tmp_path: Path) -> None:

@@ -3,20 +3,13 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 from pathlib import Path
 
 from tests.conftest import FIXTURE_FUNCTIONS, REDIS_URL
-from tests.platform import dilu_executable, start_role
+from tests.platform import dilu_executable, free_port, start_role
 from tests.waiting import eventually
 from worker.cgroups import CpuLimiter
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_roles_in_separate_processes(tmp_path: Path, postgres_url: str, redis_prefix: str) -> None:
@@ -31,7 +24,7 @@ def test_roles_in_separate_processes(tmp_path: Path, postgres_url: str, redis_pr
     assert migrated.returncode == 0, migrated.stderr
     roles = []
     try:
-        worker_port = _free_port()
+        worker_port = free_port()
         roles.append(start_role(["worker"], {**env, "DILU_PORT": str(worker_port), "DILU_WORKER_NAME": "first"},
                                 tmp_path / "worker.log"))
         roles.append(start_role(["controller"], env, tmp_path / "controller.log", wait_for_url=False))
@@ -54,7 +47,7 @@ def test_roles_in_separate_processes(tmp_path: Path, postgres_url: str, redis_pr
 
             # A second worker joins; then the first dies. Its instance is marked lost and replaced
             # on the second worker, and requests keep working.
-            second_port = _free_port()
+            second_port = free_port()
             roles.append(start_role(["worker"], {**env, "DILU_PORT": str(second_port), "DILU_WORKER_NAME": "second"},
                                     tmp_path / "worker2.log"))
             eventually(lambda: len(http.get("/v1/status").json()["workers"]) == 2, timeout=60,

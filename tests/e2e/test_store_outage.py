@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 from pathlib import Path
@@ -15,14 +14,8 @@ import httpx
 import redis
 
 from tests.conftest import FIXTURE_FUNCTIONS
-from tests.platform import dilu_executable, start_role
+from tests.platform import dilu_executable, free_port, start_role
 from tests.waiting import eventually
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class PrivateRedis:

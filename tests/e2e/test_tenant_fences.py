@@ -253,15 +253,14 @@ def test_a_worker_without_a_cluster_key_takes_no_orders_from_its_functions(tmp_p
     import httpx
 
     from tests.conftest import REDIS_URL
-    from tests.e2e.test_separate_roles import _free_port
-    from tests.platform import dilu_executable, start_role
+    from tests.platform import dilu_executable, free_port, start_role
 
     env = {"DILU_DATABASE_URL": postgres_url, "DILU_REDIS_URL": REDIS_URL, "DILU_REDIS_PREFIX": redis_prefix,
            "DILU_HOME": str(tmp_path / "home"), "DILU_PROFILING": "false"}
     migrated = subprocess.run([dilu_executable(), "migrate"], env={**os.environ, **env}, capture_output=True,
                               text=True, timeout=120)
     assert migrated.returncode == 0, migrated.stderr
-    worker_port = _free_port()
+    worker_port = free_port()
     roles = [start_role(["worker"], {**env, "DILU_PORT": str(worker_port)}, tmp_path / "worker.log")]
     try:
         roles.append(start_role(["controller"], env, tmp_path / "controller.log", wait_for_url=False))

@@ -17,8 +17,7 @@ import httpx
 import pytest
 
 from tests.conftest import FIXTURE_FUNCTIONS, REDIS_URL
-from tests.e2e.test_separate_roles import _free_port
-from tests.platform import dilu_executable, start_role
+from tests.platform import dilu_executable, free_port, start_role
 from tests.waiting import eventually
 from worker.cgroups import InstanceGroups
 
@@ -66,7 +65,7 @@ def test_a_worker_killed_with_two_instances_loses_no_request(tmp_path: Path, pos
     try:
         workers = {}
         for name in ("first", "second"):
-            workers[f"{name}-cpu"] = start_role(["worker"], {**env, "DILU_PORT": str(_free_port()),
+            workers[f"{name}-cpu"] = start_role(["worker"], {**env, "DILU_PORT": str(free_port()),
                                                              "DILU_WORKER_NAME": name}, tmp_path / f"{name}.log")
             roles.append(workers[f"{name}-cpu"])
         roles.append(start_role(["controller"], env, tmp_path / "controller.log", wait_for_url=False))
@@ -119,7 +118,7 @@ def test_a_stopped_worker_whose_instance_answers_keeps_its_routes(tmp_path: Path
     a process of its own, still serves, so the worker is not judged lost at its TTL and the
     instance keeps taking requests (with one worker, losing it would leave nothing to serve)."""
     env = _migrated(tmp_path, postgres_url, redis_prefix)
-    worker = start_role(["worker"], {**env, "DILU_PORT": str(_free_port()), "DILU_WORKER_NAME": "only"},
+    worker = start_role(["worker"], {**env, "DILU_PORT": str(free_port()), "DILU_WORKER_NAME": "only"},
                         tmp_path / "worker.log")
     controller = start_role(["controller"], env, tmp_path / "controller.log", wait_for_url=False)
     gateway = start_role(["gateway"], {**env, "DILU_PORT": "0"}, tmp_path / "gateway.log")
@@ -156,7 +155,7 @@ def _left_on_host(instance_id: str) -> list[Path]:
 def test_a_worker_started_after_a_killed_one_removes_what_its_instances_left(
         tmp_path: Path, postgres_url: str, redis_prefix: str) -> None:
     env = _migrated(tmp_path, postgres_url, redis_prefix)
-    worker_env = {**env, "DILU_PORT": str(_free_port()), "DILU_WORKER_NAME": "again"}
+    worker_env = {**env, "DILU_PORT": str(free_port()), "DILU_WORKER_NAME": "again"}
     roles = [start_role(["worker"], worker_env, tmp_path / "worker.log"),
              start_role(["controller"], env, tmp_path / "controller.log", wait_for_url=False)]
     gateway = start_role(["gateway"], {**env, "DILU_PORT": "0"}, tmp_path / "gateway.log")
@@ -184,7 +183,7 @@ def test_a_stopping_worker_finishes_its_streams_and_hands_over_the_waiting_ones(
     the slot: the running stream ends with its terminator, well past the 1 s stop grace, and the
     waiting one is handed over and served whole by an instance on the other worker."""
     env = _migrated(tmp_path, postgres_url, redis_prefix, DILU_STOP_GRACE_S="1")
-    first = start_role(["worker"], {**env, "DILU_PORT": str(_free_port()), "DILU_WORKER_NAME": "first"},
+    first = start_role(["worker"], {**env, "DILU_PORT": str(free_port()), "DILU_WORKER_NAME": "first"},
                        tmp_path / "first.log")
     roles = [first, start_role(["controller"], env, tmp_path / "controller.log", wait_for_url=False)]
     gateway = start_role(["gateway"], {**env, "DILU_PORT": "0"}, tmp_path / "gateway.log")
@@ -195,7 +194,7 @@ def test_a_stopping_worker_finishes_its_streams_and_hands_over_the_waiting_ones(
         (source / "model.yaml").write_text(text)
         _deploy(source, env, gateway.url)
         (instance,) = httpx.get(f"{gateway.url}/v1/functions/counter/instances", timeout=30).json()
-        roles.append(start_role(["worker"], {**env, "DILU_PORT": str(_free_port()), "DILU_WORKER_NAME": "second"},
+        roles.append(start_role(["worker"], {**env, "DILU_PORT": str(free_port()), "DILU_WORKER_NAME": "second"},
                                 tmp_path / "second.log"))
 
         def stream(to: int) -> list[dict]:
