@@ -14,9 +14,16 @@ and the instance's start-up marks (``/health``):
   predict     the first predict() (in-instance time of the first request)
 
 The platform's own part is everything but imports, load and predict. The worker's spare
-process (started ahead, instance server imported) takes each CPU cold start;
+process (started ahead, instance server imported; torch too, for a function that imports it,
+once one has run on the worker) takes each CPU cold start;
 ``DILU_SPARE_PROCESSES=0`` (``--no-spares``) measures fresh processes instead. Beside them, the same
 benchmark runs ``python -c "import torch"`` to show what importing torch costs on this machine.
+
+Before the measured rounds each function has one cold start of its own, unmeasured: the first
+torch function to run on a worker starts the pool of spares that preload torch. The platform's
+memory (the `dilu up` process and all below it, RSS and PSS) is printed once the no-op function
+has run and again once the torch function has: what those spares cost, beside the cold starts
+they buy.
 
     python bench/cold_start.py [--rounds 3] [--no-spares] [--against TREE]
 
@@ -45,6 +52,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.process_memory import settled_memory_mib
 from tests.platform import Platform  # reuses the harness that runs `dilu up`
 from tests.waiting import eventually
 
@@ -141,6 +149,11 @@ def main() -> None:
             platforms["against"] = start_platform(workdir / "against", args.no_spares, args.against.resolve())
             results["against"] = {}
         torch_import = import_torch_s(args.rounds)
+        memory: dict[str, dict[str, tuple[float, float, int]]] = {}
+        for which, platform in platforms.items():
+            for name, (_, _, body) in FUNCTIONS.items():     # the first of each, unmeasured
+                one_cold_start(platform, name, body)
+                memory.setdefault(which, {})[name] = settled_memory_mib(platform.role.process.pid)
         for _ in range(args.rounds):
             for which, platform in platforms.items():     # alternating: both see the same machine
                 for name, (_, _, body) in FUNCTIONS.items():
@@ -158,6 +171,12 @@ def main() -> None:
         for name in medians:
             print(f"{name:<12} " + " ".join(f"{c} {(medians[name][c] - before[name][c]) * 1000:+.0f}"
                                           for c in ("spawn", "runtime", "platform", "total")))
+    print("\nplatform memory (dilu up and every process below it), MiB")
+    for which, after in memory.items():
+        (rss, pss, count), (torch_rss, torch_pss, torch_count) = after["noop"], after["tiny-torch"]
+        print(f"{which:<8} no-op run only: {rss:.0f} RSS, {pss:.0f} PSS, {count} processes; a torch function run "
+              f"too: {torch_rss:.0f} RSS, {torch_pss:.0f} PSS, {torch_count} processes (torch spares: "
+              f"+{torch_pss - pss:.0f} PSS)")
     torch_row = medians["tiny-torch"]
     print(f"\npython -c 'import torch' on this machine: {torch_import * 1000:.0f} ms "
           f"(inside the instance: {torch_row['imports'] * 1000:.0f} ms)")

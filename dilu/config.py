@@ -230,8 +230,12 @@ class WorkerSettings(CommonSettings):
                                                               "interpreter start-up and common imports")
     spare_max: int = Field(3, ge=0, le=16, description="Runtime pool: the most spares (one more per spare taken "
                                                        "in the last minute)")
-    spare_preload: str = Field("torch", max_length=500, description="Modules (comma-separated) spares import while "
-                                                                    "they wait; empty: none")
+    spare_preload: str = Field("torch", max_length=500, description="Modules (comma-separated) spares may import "
+                                                                    "while they wait, each only while a function "
+                                                                    "whose code imports it runs here; empty: none")
+    spare_preload_keep_s: float = Field(900.0, ge=0, le=86400,
+                                        description="How long spares that preload a module (torch) are kept after "
+                                                    "the last instance that needed it ended")
     gpus: str | None = Field(None, description="'none' forces a CPU worker; otherwise all GPUs found")
     worker_name: str | None = Field(None, description="Prefix of this host's worker ids; the hostname when unset")
     fake_gpus: int = Field(0, ge=0, le=16,

@@ -40,6 +40,7 @@ def create_backend(settings: WorkerSettings) -> RuntimeBackend:
                               pids=settings.instance_pids, stream_stall_s=settings.stream_stall_s,
                               spares=settings.spare_processes, spares_max=settings.spare_max,
                               preload=tuple(m.strip() for m in settings.spare_preload.split(",") if m.strip()),
+                              preload_keep_s=settings.spare_preload_keep_s,
                               users=users, cpu_pool=False,    # each worker agent prepares the pool it needs
                               passed_env=tuple(n.strip() for n in settings.instance_env_pass.split(",") if n.strip()))
     if settings.runtime == "docker":

@@ -253,27 +253,21 @@ async def test_a_cpu_instance_starts_in_a_spare_process_with_its_own_env_dir_and
     assert next_spare.poll() is not None, "closing the backend ends its spares"
 
 
-async def test_the_runtime_pool_grows_with_cold_starts_within_its_bounds_and_preloads(tmp_path: Path) -> None:
-    """Spares import the common libraries while they wait; each spare taken adds one to the pool
-    for a while, never past its maximum, and the pool shrinks back once cold starts stop."""
-    backend = ProcessBackend(state_dir=tmp_path, spares=1, spares_max=2, preload=("wave", "no_such_module_xyz"))
+async def test_the_runtime_pool_grows_with_cold_starts_within_its_bounds(tmp_path: Path) -> None:
+    """Each spare taken adds one to the pool for a while, never past its maximum, and the pool
+    shrinks back once cold starts stop."""
+    backend = ProcessBackend(state_dir=tmp_path, spares=1, spares_max=2)
     agent = _cpu_agent(backend, tmp_path, "w-pool")
     snoop = str(FIXTURE_FUNCTIONS / "snoop")
     try:
-        assert backend.pool_status() == {"spares": 1, "target": 1, "min": 1, "max": 2,
-                                         "preloaded": ["wave", "no_such_module_xyz"],
+        assert backend.pool_status() == {"spares": 1, "target": 1, "min": 1, "max": 2, "preloaded": [],
                                          "zygote": backend.pool_status()["zygote"]}
         assert agent.describe()["runtime_pool"]["max"] == 2
-        first = await agent.start_instance(make_start("i-a", snoop, handler="handler:Snoop"))
+        await agent.start_instance(make_start("i-a", snoop, handler="handler:Snoop"))
         assert backend.pool_status()["target"] == 2 and len(backend.pool().spares) == 2
         for name in ("i-b", "i-c"):
             await agent.start_instance(make_start(name, snoop, handler="handler:Snoop"))
             assert len(backend.pool().spares) <= 2 and backend.pool_status()["target"] == 2
-        await until_state(agent, "i-a", "ready")
-        async with httpx.AsyncClient(base_url=first.endpoint, timeout=30) as client:
-            seen = (await client.post("/infer", json={"modules": ["wave", "tarfile_not_imported_by_anyone"]})).json()
-        assert seen["imported"] == {"wave": True, "tarfile_not_imported_by_anyone": False}
-        assert "could not preload no_such_module_xyz" in (tmp_path / "logs" / "i-a.log").read_text()
 
         backend.pool().sizer.window_s = 0.2    # the last minute, shortened: no more cold starts come
 
@@ -286,12 +280,63 @@ async def test_the_runtime_pool_grows_with_cold_starts_within_its_bounds_and_pre
         await agent.shutdown()
 
 
+async def test_spares_preload_a_library_only_while_a_function_that_imports_it_runs(tmp_path: Path) -> None:
+    """A worker offering to preload ``wave`` keeps no spare that imports it until a function
+    whose code imports it starts; from then its instances start from spares that did the
+    import, while other functions' spares never import it; once the last such instance ended
+    (and the keep time passed) those spares are gone."""
+    backend = ProcessBackend(state_dir=tmp_path, spares=1, spares_max=1, preload=("wave", "no_such_module_xyz"),
+                             preload_keep_s=0.0)
+    agent = _cpu_agent(backend, tmp_path, "w-preload")
+    snoop, importer = str(FIXTURE_FUNCTIONS / "snoop"), str(FIXTURE_FUNCTIONS / "imports_wave")
+    needed = ("wave", "no_such_module_xyz")
+    try:
+        assert backend.pool_status()["preloaded"] == [] and backend.pool(preload=needed) is None
+        plain = await agent.start_instance(make_start("i-plain", snoop, handler="handler:Snoop"))
+        await until_state(agent, "i-plain", "ready")
+        async with httpx.AsyncClient(base_url=plain.endpoint, timeout=30) as client:
+            seen = (await client.post("/infer", json={"modules": ["wave"]})).json()
+        assert seen["imported"] == {"wave": False}, "a function that does not import it gets a spare without it"
+        assert backend.pool(preload=needed) is None
+
+        await agent.start_instance(make_start("i-w1", importer, handler="handler:Reporter"))
+        pool = backend.pool(preload=needed)
+        assert pool is not None and backend.pool_status()["preloaded"] == list(needed)
+        waiting = pool.spares[0].process.pid
+        second = await agent.start_instance(make_start("i-w2", importer, handler="handler:Reporter"))
+        assert second.pid == waiting, "the next instance of it takes a spare of the preloading pool"
+        await until_state(agent, "i-w2", "ready")
+        async with httpx.AsyncClient(base_url=second.endpoint, timeout=30) as client:
+            reply = (await client.post("/infer", json={})).json()
+        assert reply == {"preloaded": True, "pid": second.pid}, "wave was imported before the function's code ran"
+        assert "could not preload no_such_module_xyz" in (tmp_path / "logs" / "i-w2.log").read_text()
+
+        behind = pool.spares[0].process
+        await agent.stop_instance("i-w1", drain=False)
+        backend.maintain()
+        assert backend.pool(preload=needed) is pool, "kept while one instance that needs it runs"
+        await agent.stop_instance("i-w2", drain=False)
+
+        async def let_go() -> bool:
+            backend.maintain()
+            return backend.pool(preload=needed) is None
+
+        await async_eventually(let_go, timeout=30, what="the preloading pool to end")
+        assert behind.poll() is not None and backend.pool_status()["preloaded"] == []
+        assert backend.pool() is not None, "the plain pool stays"
+    finally:
+        await agent.shutdown()
+
+
+SERVER_MODULE = "uvicorn.protocols.http.httptools_impl"    # imported by every spare's zygote
+
+
 async def test_spares_are_forked_from_the_zygote_and_serve_like_any_instance(tmp_path: Path) -> None:
     """Once the zygote has done its imports, new spares are its forks (they share the imports);
     an instance in one serves with its own environment, log and cgroup, and its exit is reported
     with the signal that ended it."""
     limiter = CpuLimiter()
-    backend = ProcessBackend(state_dir=tmp_path, cpu=limiter, spares=1, spares_max=1, preload=("wave",))
+    backend = ProcessBackend(state_dir=tmp_path, cpu=limiter, spares=1, spares_max=1)
     agent = _cpu_agent(backend, tmp_path, "w-zygote")
     snoop = str(FIXTURE_FUNCTIONS / "snoop")
     try:
@@ -308,8 +353,8 @@ async def test_spares_are_forked_from_the_zygote_and_serve_like_any_instance(tmp
         assert status.pid == forked.pid
         await until_state(agent, "i-forked", "ready")
         async with httpx.AsyncClient(base_url=status.endpoint, timeout=30) as client:
-            seen = (await client.post("/infer", json={"modules": ["wave"], "env": ["GREETING"]})).json()
-        assert seen["imported"] == {"wave": True}, "the zygote's imports are the fork's"
+            seen = (await client.post("/infer", json={"modules": [SERVER_MODULE], "env": ["GREETING"]})).json()
+        assert seen["imported"] == {SERVER_MODULE: True}, "the zygote's imports are the fork's"
         assert seen["env"] == {"GREETING": "forked"}
         assert not _catches(status.pid, signal.SIGCHLD), "the zygote's wake-up on exits is not the fork's"
         if limiter.available:

@@ -3,12 +3,14 @@
 The worker binds the instance's listening socket itself and passes it down (``pass_fds``), so
 ports are never raced for and a dead instance's port refuses connections at once.
 
-Spares: the backend keeps a runtime pool (``worker.backends.spares``) per kind of instance
+Spares: the backend keeps runtime pools (``worker.backends.pools``) per kind of instance
 process - plain CPU instances, instances under the GPU shim - of processes started ahead of
-time, with the interpreter up and the common libraries imported (torch: seconds), waiting for an
-assignment. An instance whose own environment can be applied after start-up (no ``PYTHON*`` or
-``LD_*`` variables in its spec) takes a spare of its kind instead of a fresh process, and a new
-spare is forked behind it. Each agent asks for the pool its device needs (``prepare_pool``).
+time, with the interpreter up and the instance server imported, waiting for an assignment; and,
+while a function whose code imports them runs here, pools that preload heavy libraries too
+(torch: seconds). An instance whose own environment can be applied after start-up (no
+``PYTHON*`` or ``LD_*`` variables in its spec) takes a spare of its kind instead of a fresh
+process, and a new spare is forked behind it. Each agent asks for the pool its device needs
+(``prepare_pool``).
 
 A worker running as root starts every instance as its function's own unprivileged user, each in
 a folder of its own (``worker.sandbox``, ``worker.uids``); spares wait as root, running only the
@@ -37,8 +39,10 @@ from dilu.messages import DeviceInfo, StartInstance
 from worker.backends.base import RunningInstance, endpoint_url, inheritable_listener, signal_group
 from worker.backends.bounds import PIDS, RUNTIME_MEMORY, InstanceBounds, bounds_for
 from worker.backends.heap import keeping_freed_memory
+from worker.backends.imports import imported_modules, preloads_needed, python_sources
 from worker.backends.instance_env import allowed_env
-from worker.backends.spares import Spare, SpareLaunch, SparePool, exec_time, pool_key, preload_env
+from worker.backends.pools import RuntimePools
+from worker.backends.spares import Spare, SpareLaunch, SparePool, exec_time, preload_env
 from worker.cgroups import CpuLimiter, InstanceGroups, join_group_of, join_groups
 from worker.leftovers import Leftovers
 from worker.pool import PoolSizer
@@ -92,14 +96,18 @@ class ProcessBackend:
                  cpu: CpuLimiter | None = None, spares: int = 0, spares_max: int | None = None,
                  preload: tuple[str, ...] = (), users: UidRegistry | None = None, cpu_pool: bool = True,
                  passed_env: tuple[str, ...] = (), groups: InstanceGroups | None = None,
-                 runtime_memory: int = RUNTIME_MEMORY, pids: int = PIDS, stream_stall_s: float = 30.0) -> None:
+                 runtime_memory: int = RUNTIME_MEMORY, pids: int = PIDS, stream_stall_s: float = 30.0,
+                 preload_keep_s: float = 900.0) -> None:
         """``groups``: each instance's memory and pids limits, and the end of all its processes
         at its stop (None: unbounded); ``runtime_memory`` and ``pids``: ``bounds_for``'s. A
-        worker with ``users`` (root) also gives each instance a private /tmp and /dev/shm."""
+        worker with ``users`` (root) also gives each instance a private /tmp and /dev/shm.
+        ``preload``: the modules spares may import ahead, each only for functions whose code
+        imports it, kept ``preload_keep_s`` after the last of them ended."""
         self._state_dir = state_dir
-        self._bounds = (spares, max(spares, spares_max if spares_max is not None else spares))
-        PoolSizer(*self._bounds)   # checks the bounds now, not at the first pool
+        bounds = (spares, max(spares, spares_max if spares_max is not None else spares))
+        PoolSizer(*bounds)   # checks the bounds now, not at the first pool
         self._preload = tuple(preload)
+        self._needs: dict[str, tuple[str, ...]] = {}    # source folder -> the preloads its code needs
         self._sandboxes = Sandboxes(users) if users is not None else None
         self._leftovers: Leftovers | None = None    # set by adopt(), at the worker's start
         self.cpu = cpu
@@ -114,7 +122,7 @@ class ProcessBackend:
         self._host = host
         self._advertise = advertise_host or host
         self._base_env = allowed_env(os.environ if base_env is None else base_env, passed_env)
-        self._pools: dict[tuple, SparePool] = {}
+        self._pools = RuntimePools(self._launch, bounds, preload_keep_s)
         if cpu_pool:
             self.prepare_pool({})
 
@@ -160,13 +168,14 @@ class ProcessBackend:
         config_json = self._config_json(request, code, weights, self._stream_stall_s)
         bounds = self._bounds_of[request.instance_id] = self.bounds(request, device)
         procs = self._groups_of(request, device, bounds)
-        spare = self._take_spare(request, extra_env)
+        needed = await asyncio.to_thread(self._preloads_of, request) if self._preload else ()
+        spare = self._take_spare(request, extra_env, needed)
         if spare is not None:
             try:
                 return self._assign(spare, request, device, config_json, code, home, log_path, extra_env, key, user,
                                     procs, bounds)
             finally:
-                self._refill()
+                self._pools.maintain()
         listener = inheritable_listener(self._host)
         port = listener.getsockname()[1]
         try:
@@ -240,51 +249,56 @@ class ProcessBackend:
 
     # ---- runtime pools ----
     def prepare_pool(self, exec_env: dict[str, str]) -> None:
-        """Starts the pool for instances injected with ``exec_env`` (its exec-time variables:
-        none on a CPU device, the shim's on a GPU); idempotent."""
-        exec_env = exec_time(exec_env)
-        key = pool_key(exec_env)
-        if key in self._pools or self._bounds[1] == 0:
-            return
-        kind = "cpu" if not exec_env else f"injected{len(self._pools)}"
+        """Starts the plain pool for instances injected with ``exec_env`` (its exec-time
+        variables: none on a CPU device, the shim's on a GPU); idempotent."""
+        self._pools.prepare(exec_env)
+
+    def _launch(self, exec_env: dict[str, str], preload: tuple[str, ...]) -> SpareLaunch:
+        kind = "cpu" if not exec_env else "injected"
         background = self._background_group()
-        launch = SpareLaunch(name=f"{os.getpid()}-{kind}", python=self._python,
-                             env=keeping_freed_memory(preload_env(with_injection(self._base_env, exec_env),
-                                                                  self._preload)),
-                             cwd=self._sandboxes.shared if self._sandboxes else self._state_dir,
-                             logs=self._state_dir / "logs", host=self._host, advertise=self._advertise,
-                             # Pool processes wait in the background group: refilling never slows
-                             # serving down; an assigned spare moves to its instance's group and
-                             # takes its function's user.
-                             preexec=_child_setup([background] if background else [], None))
-        self._pools[key] = SparePool(launch, PoolSizer(*self._bounds))
+        return SpareLaunch(name=f"{os.getpid()}-{kind}{'-' + '-'.join(preload) if preload else ''}",
+                           python=self._python,
+                           env=keeping_freed_memory(preload_env(with_injection(self._base_env, exec_env), preload)),
+                           cwd=self._sandboxes.shared if self._sandboxes else self._state_dir,
+                           logs=self._state_dir / "logs", host=self._host, advertise=self._advertise,
+                           # Pool processes wait in the background group: refilling never slows
+                           # serving down; an assigned spare moves to its instance's group and
+                           # takes its function's user.
+                           preexec=_child_setup([background] if background else [], None))
 
-    def pool(self, exec_env: dict[str, str] | None = None) -> SparePool | None:
-        """The pool for instances injected with ``exec_env`` (default: plain CPU ones)."""
-        return self._pools.get(pool_key(exec_time(exec_env)))
-
-    def _refill(self) -> None:
-        for pool in self._pools.values():
-            pool.refill()
+    def pool(self, exec_env: dict[str, str] | None = None, preload: tuple[str, ...] = ()) -> SparePool | None:
+        """The pool for instances injected with ``exec_env`` (default: plain CPU ones) whose
+        code needs ``preload`` (default: none)."""
+        return self._pools.get(exec_env, preload)
 
     def maintain(self) -> None:
-        """Periodic: pools shrink back once cold starts have been rare for a while."""
-        self._refill()
+        """Periodic: pools shrink back once cold starts have been rare for a while, and a
+        preloading pool ends once no instance here has needed it for a while."""
+        self._pools.maintain()
 
     def pool_status(self, exec_env: dict[str, str] | None = None) -> dict | None:
         """What ``dilu status`` shows of the pool instances injected with ``exec_env`` use."""
-        pool = self.pool(exec_env)
-        return pool.status(list(self._preload)) if pool is not None else None
+        return self._pools.status(exec_env)
 
     def _background_group(self) -> str | None:
         return self.cpu.background_procs_file() if self.cpu and self.cpu.available else None
 
-    def _take_spare(self, request: StartInstance, extra_env: dict[str, str] | None) -> Spare | None:
+    def _preloads_of(self, request: StartInstance) -> tuple[str, ...]:
+        """The preloadable modules the function's code imports (read once per code folder)."""
+        needed = self._needs.get(request.source_dir)
+        if needed is None:
+            arrays = request.spec.get("arrays")
+            needed = preloads_needed(self._preload, imported_modules(python_sources(request.source_dir)),
+                                     arrays if isinstance(arrays, str) else None)
+            self._needs[request.source_dir] = needed
+        return needed
+
+    def _take_spare(self, request: StartInstance, extra_env: dict[str, str] | None,
+                    needed: tuple[str, ...]) -> Spare | None:
         """A live spare of the instance's kind, when its own environment can be applied late."""
         if exec_time(request.spec.get("env")):
             return None
-        pool = self.pool(extra_env)
-        return pool.take() if pool is not None else None
+        return self._pools.take(extra_env, needed, request.instance_id)
 
     def _assign(self, spare: Spare, request: StartInstance, device: DeviceInfo, config_json: str, code: str,
                 home: Path | None, log_path: Path, extra_env: dict[str, str] | None, key: str,
@@ -308,10 +322,7 @@ class ProcessBackend:
 
     def close(self) -> None:
         """Ends the pools (instances are stopped by the worker)."""
-        pools, self._pools = list(self._pools.values()), {}
-        self._bounds = (0, 0)
-        for pool in pools:
-            pool.close()
+        self._pools.close()
         if self._sandboxes is not None:
             self._sandboxes.close()
 
@@ -332,6 +343,7 @@ class ProcessBackend:
 
     def release(self, instance_id: str) -> None:
         self._bounds_of.pop(instance_id, None)
+        self._pools.ended(instance_id)
         if self.groups is not None:   # nothing of an ended instance outlives it
             self.groups.kill_all(instance_id)
             self.groups.remove(instance_id)
