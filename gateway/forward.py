@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -79,6 +79,50 @@ class Streamed:
     close: Callable[[], None]     # idempotent: gives the connection back (or closes it, mid-stream)
 
 
+MORE = object()     # Pieces.take_all: the stream goes on
+
+
+class Pieces:
+    """A stream's body as the parser hands it over, for its one reader: pieces, then None (the
+    end) or an exception. The reader takes all that arrived at once, so a caller slower than
+    the instance gets one write for many pieces, not one per piece."""
+
+    def __init__(self) -> None:
+        self._items: deque[bytes | Exception | None] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put_nowait(self, item: bytes | Exception | None) -> None:
+        self._items.append(item)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def qsize(self) -> int:
+        return len(self._items)
+
+    def empty(self) -> bool:
+        return not self._items
+
+    async def arrival(self) -> None:
+        """Returns once something is there to take."""
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+
+    def take_all(self) -> tuple[bytes, object]:
+        """(the pieces there now, joined; what ended them: ``MORE``, None for the stream's end, or
+        the error that cut it)."""
+        parts: list[bytes] = []
+        while self._items:
+            item = self._items.popleft()
+            if item is None or isinstance(item, Exception):
+                return b"".join(parts), item
+            parts.append(item)
+        return (parts[0] if len(parts) == 1 else b"".join(parts)), MORE
+
+
 class _Connection(asyncio.Protocol):
     """One kept-alive connection to an instance; one request at a time."""
 
@@ -89,7 +133,7 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self._reply: asyncio.Future[Reply] | None = None
         self._head: asyncio.Future[Reply] | None = None       # streaming: the status and headers
-        self.pieces: asyncio.Queue[bytes | Exception | None] | None = None   # streaming: the body
+        self.pieces: Pieces | None = None   # streaming: the body
         self._reset()
 
     def _reset(self) -> None:
@@ -167,7 +211,7 @@ class _Connection(asyncio.Protocol):
     def send(self, head: bytes, body: bytes | memoryview, streaming: bool = False) -> asyncio.Future[Reply]:
         """The reply (streaming: its status and headers, the body then arriving in ``pieces``)."""
         future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-        self._reply, self._head, self.pieces = (None, future, asyncio.Queue()) if streaming else (future, None, None)
+        self._reply, self._head, self.pieces = (None, future, Pieces()) if streaming else (future, None, None)
         assert self.transport is not None
         if len(body) <= 16384:
             self.transport.write(b"".join((head, body)))
@@ -288,21 +332,27 @@ class Forwarder:
         async def chunks(idle_s: float, deadline: float = float("inf")) -> AsyncIterator[bytes]:
             try:
                 while True:
-                    try:
-                        async with asyncio.timeout(min(idle_s, deadline - time.monotonic())):
-                            piece = await pieces.get()
-                    except TimeoutError as exc:
-                        raise InstanceTimeout(f"the stream sent nothing for {idle_s:g}s, or ran past its "
-                                              "limit") from exc
-                    if piece is None:
-                        state["finished"] = True
-                        return
-                    if isinstance(piece, Exception):
-                        raise piece
+                    if pieces.empty():      # a timer only when there is something to wait for
+                        try:
+                            async with asyncio.timeout(min(idle_s, deadline - time.monotonic())):
+                                await pieces.arrival()
+                        except TimeoutError as exc:
+                            raise InstanceTimeout(f"the stream sent nothing for {idle_s:g}s, or ran past its "
+                                                  "limit") from exc
+                    elif time.monotonic() >= deadline:
+                        raise InstanceTimeout("the stream ran past its limit")
+                    body, end = pieces.take_all()
                     if pieces.qsize() < STREAM_BUFFER_PIECES // 2 and connection.transport is not None:
                         connection.transport.resume_reading()
-                    yield piece
+                    if body:
+                        yield body
+                    if end is None:
+                        state["finished"] = True
+                        return
+                    if isinstance(end, Exception):
+                        raise end
             finally:
                 close()
 
         return Streamed(reply.status, reply.content_type, reply.headers, chunks, close)
+

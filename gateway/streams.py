@@ -68,6 +68,7 @@ class Relay:
         self._on_end = on_end
         self._arrived = arrived
         self._closed = False
+        self._first_seen, self._gap_seen = STREAM_FIRST.labels(function), STREAM_GAP.labels(function)
 
     async def pieces(self) -> AsyncIterator[bytes]:
         end = FRAME_ENDS[self._kind]
@@ -84,7 +85,7 @@ class Relay:
                         continue
                 now = time.perf_counter()
                 waited = now - (self._arrived if last is None else last)
-                (STREAM_FIRST if last is None else STREAM_GAP).labels(self._function).observe(waited)
+                (self._first_seen if last is None else self._gap_seen).observe(waited)
                 if self._times is not None:
                     (self._times.first if last is None else self._times.gap).observe(self._function, time.time(),
                                                                                      waited)
