@@ -22,8 +22,8 @@ benchmark runs ``python -c "import torch"`` to show what importing torch costs o
 Before the measured rounds each function has one cold start of its own, unmeasured: the first
 torch function to run on a worker starts the pool of spares that preload torch. The platform's
 memory (the `dilu up` process and all below it, RSS and PSS) is printed once the no-op function
-has run and again once the torch function has: what those spares cost, beside the cold starts
-they buy.
+is deployed and has run, and again once the torch function is too: what the spares that preload
+torch cost, beside the cold starts they buy.
 
     python bench/cold_start.py [--rounds 3] [--no-spares] [--against TREE]
 
@@ -109,17 +109,21 @@ def import_torch_s(rounds: int) -> float:
 
 
 def start_platform(home: Path, no_spares: bool, tree: Path | None) -> Platform:
-    """A platform with the functions deployed, scaled to zero; from ``tree`` when given."""
-    env = {"DILU_SPARE_PROCESSES": "0"} if no_spares else {}
+    """A platform, from ``tree`` when given."""
+    # The production default, which the test harness turns off: spares may preload torch.
+    env = {"DILU_SPARE_PRELOAD": "torch", **({"DILU_SPARE_PROCESSES": "0"} if no_spares else {})}
     if tree is not None:
         env["PYTHONPATH"] = str(tree)      # its dilu, gateway and worker packages, and its instances'
-    platform = Platform(home / "home", env=env)
-    for name, (folder, handler, _) in FUNCTIONS.items():
-        source = shutil.copytree(folder, home / name)
-        (source / "model.yaml").write_text(SPEC.format(name=name, handler=handler))
-        assert platform.deploy_file(source / "model.yaml").status_code == 201
-        platform.wait_ready(name)
-    return platform
+    return Platform(home / "home", env=env)
+
+
+def deploy(platform: Platform, home: Path, name: str) -> None:
+    """Deploys one of FUNCTIONS, scaled to zero."""
+    folder, handler, _ = FUNCTIONS[name]
+    source = shutil.copytree(folder, home / name)
+    (source / "model.yaml").write_text(SPEC.format(name=name, handler=handler))
+    assert platform.deploy_file(source / "model.yaml").status_code == 201
+    platform.wait_ready(name)
 
 
 def print_medians(title: str, results: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, float]]:
@@ -150,8 +154,9 @@ def main() -> None:
             results["against"] = {}
         torch_import = import_torch_s(args.rounds)
         memory: dict[str, dict[str, tuple[float, float, int]]] = {}
-        for which, platform in platforms.items():
-            for name, (_, _, body) in FUNCTIONS.items():     # the first of each, unmeasured
+        for name, (_, _, body) in FUNCTIONS.items():   # deployed one by one; the first start of each unmeasured
+            for which, platform in platforms.items():
+                deploy(platform, workdir / which, name)
                 one_cold_start(platform, name, body)
                 memory.setdefault(which, {})[name] = settled_memory_mib(platform.role.process.pid)
         for _ in range(args.rounds):
@@ -174,9 +179,9 @@ def main() -> None:
     print("\nplatform memory (dilu up and every process below it), MiB")
     for which, after in memory.items():
         (rss, pss, count), (torch_rss, torch_pss, torch_count) = after["noop"], after["tiny-torch"]
-        print(f"{which:<8} no-op run only: {rss:.0f} RSS, {pss:.0f} PSS, {count} processes; a torch function run "
-              f"too: {torch_rss:.0f} RSS, {torch_pss:.0f} PSS, {torch_count} processes (torch spares: "
-              f"+{torch_pss - pss:.0f} PSS)")
+        print(f"{which:<8} the no-op deployed and run: {rss:.0f} RSS, {pss:.0f} PSS, {count} processes; the torch "
+              f"function too: {torch_rss:.0f} RSS, {torch_pss:.0f} PSS, {torch_count} processes "
+              f"(+{torch_pss - pss:.0f} PSS)")
     torch_row = medians["tiny-torch"]
     print(f"\npython -c 'import torch' on this machine: {torch_import * 1000:.0f} ms "
           f"(inside the instance: {torch_row['imports'] * 1000:.0f} ms)")

@@ -1,9 +1,9 @@
 """The servers users compare Dilu against: the v2 model servers, each in its own virtual
 environment and process, and nginx as the reverse proxy.
 
-``start_kserve`` and ``start_mlserver`` create their environment on first use (a pinned
+``start_kserve``, ``start_mlserver`` and ``start_ray_serve`` create their environment on first use (a pinned
 ``pip install`` into the bench cache, ``$XDG_CACHE_HOME/dilu-bench``), start the bench's row-sum
-model on free loopback ports and wait until it answers ready. A peer that cannot be installed or
+model (Ray Serve: a no-op) on free loopback ports and wait until it answers ready. A peer that cannot be installed or
 started is reported as skipped, with the reason, instead of failing the whole bench.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -22,10 +23,13 @@ from pathlib import Path
 
 import httpx
 
+from bench.process_memory import descendants
+
 HERE = Path(__file__).resolve().parent
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dilu-bench"
 KSERVE = "kserve==0.21.0"
 MLSERVER = "mlserver==1.7.1"
+RAY_SERVE = "ray[serve]==2.60.0"
 GRPC_MESSAGE_BYTES = 64 * 2**20   # as Dilu's bench allows: a batch of images is past gRPC's 4 MiB default
 
 
@@ -122,6 +126,44 @@ def start_mlserver() -> Peer:
     process = subprocess.Popen([str(python.parent / "mlserver"), "start", str(workdir)], cwd=workdir,
                                stdout=log.open("w"), stderr=subprocess.STDOUT)
     return _wait_ready(Peer("MLServer", f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", False, process, workdir), log)
+
+
+@dataclass
+class RayServe:
+    url: str
+    process: subprocess.Popen
+    workdir: Path
+
+    def close(self) -> None:
+        """Ends the driver and every process Ray started below it (raylet, GCS, workers)."""
+        below = descendants(self.process.pid)[1:]
+        _stop(self.process, self.workdir)
+        for pid in below:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def start_ray_serve(timeout_s: float = 180) -> RayServe:
+    """Ray Serve with the no-op application (``ray_noop.py``) on a free loopback port."""
+    python = environment("ray", RAY_SERVE)
+    (port,) = _free_ports(1)
+    workdir = Path(tempfile.mkdtemp(prefix="dilu-bench-ray-"))
+    log = workdir / "log"
+    process = subprocess.Popen([str(python), str(HERE / "ray_noop.py"), f"--port={port}"], cwd=workdir,
+                               stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
+                               env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise PeerUnavailable(f"Ray Serve exited: {log.read_text()[-500:]}")
+        if "READY" in log.read_text(errors="replace"):
+            return RayServe(f"http://127.0.0.1:{port}/", process, workdir)
+        time.sleep(0.5)
+    _stop(process, workdir)
+    raise PeerUnavailable(f"Ray Serve was not ready within {timeout_s:g} s")
 
 
 NGINX_CONF = """worker_processes 1;

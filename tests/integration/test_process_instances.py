@@ -299,17 +299,26 @@ async def test_spares_preload_a_library_only_while_a_function_that_imports_it_ru
         assert seen["imported"] == {"wave": False}, "a function that does not import it gets a spare without it"
         assert backend.pool(preload=needed) is None
 
-        await agent.start_instance(make_start("i-w1", importer, handler="handler:Reporter"))
+        first = await agent.start_instance(make_start("i-w1", importer, handler="handler:Reporter"))
         pool = backend.pool(preload=needed)
         assert pool is not None and backend.pool_status()["preloaded"] == list(needed)
+        assert pool.zygote is not None and first.pid != pool.zygote.process.pid
+
+        async def forked() -> bool:
+            backend.maintain()
+            return bool(pool.spares)
+
+        await async_eventually(forked, timeout=60, what="a spare forked from the preloading zygote")
         waiting = pool.spares[0].process.pid
+        assert _parent_of(waiting) == pool.zygote.process.pid, "no fresh interpreter imports it again"
         second = await agent.start_instance(make_start("i-w2", importer, handler="handler:Reporter"))
         assert second.pid == waiting, "the next instance of it takes a spare of the preloading pool"
         await until_state(agent, "i-w2", "ready")
         async with httpx.AsyncClient(base_url=second.endpoint, timeout=30) as client:
             reply = (await client.post("/infer", json={})).json()
         assert reply == {"preloaded": True, "pid": second.pid}, "wave was imported before the function's code ran"
-        assert "could not preload no_such_module_xyz" in (tmp_path / "logs" / "i-w2.log").read_text()
+        (zygote_log,) = (tmp_path / "logs").glob("zygote-*-wave-*.log")
+        assert "could not preload no_such_module_xyz" in zygote_log.read_text(), "a module that fails is only noted"
 
         behind = pool.spares[0].process
         await agent.stop_instance("i-w1", drain=False)

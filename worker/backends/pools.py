@@ -4,8 +4,8 @@ The plain pool of each kind (CPU instances, instances under the GPU shim) import
 server only and is kept from the worker's start. A pool that also preloads heavy modules
 (``DILU_SPARE_PRELOAD``: torch) exists only while it is wanted (``worker.pool.PreloadDemand``):
 it starts with the first instance whose code imports them (``worker.backends.imports``), which
-itself takes a plain spare and imports them on its own, and ends ``keep_s`` after the last such
-instance ended. A worker serving no torch function holds no torch in memory.
+itself takes a plain spare and imports them on its own; its spares are forks of its zygote, once
+that is done importing; and it ends ``keep_s`` after the last such instance ended. A worker serving no torch function holds no torch in memory.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ class RuntimePools:
         key = self.key(exec_env, preload)
         if key in self._pools or self.bounds[1] == 0:
             return
-        self._pools[key] = SparePool(self._launch_for(exec_time(exec_env), tuple(preload)), PoolSizer(*self.bounds))
+        self._pools[key] = SparePool(self._launch_for(exec_time(exec_env), tuple(preload)), PoolSizer(*self.bounds),
+                                     wait_for_zygote=bool(preload))
 
     def get(self, exec_env: dict[str, str] | None = None, preload: tuple[str, ...] = ()) -> SparePool | None:
         return self._pools.get(self.key(exec_env, preload))

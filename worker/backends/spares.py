@@ -69,9 +69,13 @@ class SpareLaunch:
 class SparePool:
     """Keeps between ``sizer.minimum`` and ``sizer.maximum`` spares of one kind."""
 
-    def __init__(self, launch: SpareLaunch, sizer: PoolSizer) -> None:
+    def __init__(self, launch: SpareLaunch, sizer: PoolSizer, wait_for_zygote: bool = False) -> None:
+        """``wait_for_zygote``: no spare the slow way while the zygote imports (a pool that
+        preloads torch: each fresh interpreter would import it again, seconds of CPU and
+        hundreds of MiB it shares with nobody); its spares come as forks once it is ready."""
         self.launch = launch
         self.sizer = sizer
+        self._wait_for_zygote = wait_for_zygote
         self.spares: list[Spare] = []
         self._count = 0
         self.zygote = self._start_zygote() if sizer.maximum > 0 else None
@@ -84,6 +88,9 @@ class SparePool:
         target = self.sizer.target(time.monotonic())
         while len(self.spares) > target:
             end_spare(self.spares.pop())
+        zygote = self.zygote
+        if self._wait_for_zygote and zygote is not None and zygote.alive and not zygote.ready:
+            return
         while len(self.spares) < target:
             try:
                 self.spares.append(self._spawn())
