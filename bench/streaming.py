@@ -9,9 +9,9 @@ called in-process, token by token, through the handler's own start()/step() with
 
     python bench/streaming.py [--tokens 32] [--streams 1,8,32] [--rounds 3]
 
-Targets (issue 32): at 1 stream the platform adds at most 2 ms to time to first token and 0.5 ms
-per token; at 8 streams total tokens/s at least 4x one stream's, with time between tokens at
-most 2x one stream's.
+Targets (issue 47): at 1 stream the platform adds at most 1 ms to time to first token and
+0.2 ms per token; at 8 streams total tokens/s at least 0.9x in-process. The function is pinned to
+the whole host, as the in-process generation has it.
 """
 
 from __future__ import annotations
@@ -106,7 +106,8 @@ def main() -> None:
     source = shutil.copytree(ROOT / "examples" / "gpt", workdir / "gpt")
     spec = (source / "model.yaml").read_text()
     spec = spec.replace("max_batch_size: 4", "max_batch_size: 32").replace("min_instances: 0", "min_instances: 1")
-    (source / "model.yaml").write_text(spec.replace("gpu: auto", "gpu: false"))
+    # The whole host, as the in-process generation has it (the other benches pin it the same way).
+    (source / "model.yaml").write_text(spec.replace("gpu: auto", "gpu: false\n  sm_request: 1.0\n  sm_limit: 1.0"))
     platform = Platform(workdir / "home")
     try:
         assert platform.deploy_file(source / "model.yaml").status_code == 201
@@ -137,6 +138,12 @@ def main() -> None:
             added_gap = rows["platform"][1] - rows["in-process"][1]
             print(f"{streams:>7} {'added':>9} first token +{added_first:.2f} ms, per token +{added_gap:.2f} ms; "
                   f"tokens/s {rows['platform'][2] / rows['in-process'][2]:.2f}x in-process")
+            if streams == 1:
+                met = added_first <= 1.0 and added_gap <= 0.2
+                print(f"{'':>7} {'target':>9} first +1 ms, per token +0.2 ms: {'met' if met else 'NOT met'}")
+            elif streams == 8:
+                kept = rows["platform"][2] / rows["in-process"][2]
+                print(f"{'':>7} {'target':>9} tokens/s >= 0.9x in-process: {'met' if kept >= 0.9 else 'NOT met'}")
             if streams == 1:
                 single = rows
             elif single and streams == 8:

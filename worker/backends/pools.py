@@ -5,7 +5,8 @@ server only and is kept from the worker's start. A pool that also preloads heavy
 (``DILU_SPARE_PRELOAD``: torch) exists only while it is wanted (``worker.pool.PreloadDemand``):
 it starts with the first instance whose code imports them (``worker.backends.imports``), which
 itself takes a plain spare and imports them on its own; its spares are forks of its zygote, once
-that is done importing; and it ends ``keep_s`` after the last such instance ended. A worker serving no torch function holds no torch in memory.
+that is done importing; and it ends ``keep_s`` after the last such instance ended. A worker
+serving no torch function holds no torch in memory.
 """
 
 from __future__ import annotations
