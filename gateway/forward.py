@@ -79,13 +79,10 @@ class Streamed:
     close: Callable[[], None]     # idempotent: gives the connection back (or closes it, mid-stream)
 
 
-MORE = object()     # Pieces.take_all: the stream goes on
-
-
 class Pieces:
     """A stream's body as the parser hands it over, for its one reader: pieces, then None (the
-    end) or an exception. The reader takes all that arrived at once, so a caller slower than
-    the instance gets one write for many pieces, not one per piece."""
+    end) or an exception. A reader finding pieces waiting takes them without a timer; one is
+    armed only to wait for the next."""
 
     def __init__(self) -> None:
         self._items: deque[bytes | Exception | None] = deque()
@@ -111,16 +108,9 @@ class Pieces:
             finally:
                 self._waiter = None
 
-    def take_all(self) -> tuple[bytes, object]:
-        """(the pieces there now, joined; what ended them: ``MORE``, None for the stream's end, or
-        the error that cut it)."""
-        parts: list[bytes] = []
-        while self._items:
-            item = self._items.popleft()
-            if item is None or isinstance(item, Exception):
-                return b"".join(parts), item
-            parts.append(item)
-        return (parts[0] if len(parts) == 1 else b"".join(parts)), MORE
+    def take(self) -> bytes | Exception | None:
+        """The oldest item (there must be one)."""
+        return self._items.popleft()
 
 
 class _Connection(asyncio.Protocol):
@@ -341,16 +331,15 @@ class Forwarder:
                                                   "limit") from exc
                     elif time.monotonic() >= deadline:
                         raise InstanceTimeout("the stream ran past its limit")
-                    body, end = pieces.take_all()
+                    piece = pieces.take()
                     if pieces.qsize() < STREAM_BUFFER_PIECES // 2 and connection.transport is not None:
                         connection.transport.resume_reading()
-                    if body:
-                        yield body
-                    if end is None:
+                    if piece is None:
                         state["finished"] = True
                         return
-                    if isinstance(end, Exception):
-                        raise end
+                    if isinstance(piece, Exception):
+                        raise piece
+                    yield piece
             finally:
                 close()
 
