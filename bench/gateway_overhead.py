@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -29,18 +28,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from loadgen import closed_loop
+from loadgen import closed_loop, noop_function, percentile
 
 from bench.peers.servers import PeerUnavailable, Proxy, start_nginx
 from tests.platform import Platform  # reuses the test harness that runs `dilu up`
 from tests.waiting import eventually
 
 BODY = json.dumps({"hello": "dilu"}).encode()
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def main() -> None:
@@ -51,16 +45,11 @@ def main() -> None:
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="dilu-bench-"))
-    source = shutil.copytree(ROOT / "examples" / "echo", workdir / "noop")
-    (source / "model.yaml").write_text(
-        "name: noop\nhandler: handler:Echo\n"
-        "resources:\n  memory: 128Mi\n  gpu: false\n  sm_request: 1.0\n  sm_limit: 1.0\n"
-        "scaling:\n  min_instances: 1\n  max_instances: 1\n  keep_alive_s: 3600\n"
-        "batching:\n  max_batch_size: 1\n")
+    spec = noop_function(ROOT / "examples", workdir)
     platform = Platform(workdir / "home")
     proxy: Proxy | None = None
     try:
-        assert platform.deploy_file(source / "model.yaml").status_code == 201
+        assert platform.deploy_file(spec).status_code == 201
         platform.wait_ready("noop")
         endpoint = eventually(lambda: platform.instances("noop")[0]["endpoint"], what="the instance endpoint")
         paths = {"direct": f"{endpoint}/infer", "gateway": f"{platform.url}/v1/functions/noop/invoke"}

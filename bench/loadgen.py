@@ -10,7 +10,9 @@ more CPU per request than the no-op function it was measuring).
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
+from pathlib import Path
 from urllib.parse import urlsplit
 
 
@@ -117,3 +119,22 @@ async def fixed_count(url: str, body: bytes, clients: int, total: int, reply_tim
             connection.transport.close()
 
     await asyncio.gather(*(caller() for _ in range(clients)))
+
+
+NOOP_SPEC = ("name: noop\nhandler: handler:Echo\n"
+             "resources:\n  memory: 128Mi\n  gpu: false\n  sm_request: 1.0\n  sm_limit: 1.0\n"
+             "scaling:\n  min_instances: 1\n  max_instances: 1\n  keep_alive_s: 3600\n"
+             "batching:\n  max_batch_size: 1\n")
+
+
+def noop_function(examples: Path, workdir: Path) -> Path:
+    """The no-op benches' function: examples/echo copied into ``workdir``, one warm instance
+    pinned to the whole host, no batching; returns its model.yaml."""
+    source = shutil.copytree(examples / "echo", workdir / "noop")
+    (source / "model.yaml").write_text(NOOP_SPEC)
+    return source / "model.yaml"
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from loadgen import closed_loop
+from loadgen import closed_loop, noop_function, percentile
 
 from bench.peers.servers import PeerUnavailable, start_ray_serve
 from bench.process_memory import settled_memory_mib
@@ -43,11 +43,6 @@ from tests.waiting import eventually
 
 BODY = json.dumps({"hello": "dilu"}).encode()
 INSIDE = "DILU_BENCH_LOOPBACK_ONLY"
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def in_loopback_namespace() -> None:
@@ -74,16 +69,11 @@ def main() -> None:
     in_loopback_namespace()
 
     workdir = Path(tempfile.mkdtemp(prefix="dilu-bench-ray-"))
-    source = shutil.copytree(ROOT / "examples" / "echo", workdir / "noop")
-    (source / "model.yaml").write_text(
-        "name: noop\nhandler: handler:Echo\n"
-        "resources:\n  memory: 128Mi\n  gpu: false\n  sm_request: 1.0\n  sm_limit: 1.0\n"
-        "scaling:\n  min_instances: 1\n  max_instances: 1\n  keep_alive_s: 3600\n"
-        "batching:\n  max_batch_size: 1\n")
+    spec = noop_function(ROOT / "examples", workdir)
     platform = Platform(workdir / "home", env={"DILU_SPARE_PRELOAD": "torch"})   # the production default
     ray = None
     try:
-        assert platform.deploy_file(source / "model.yaml").status_code == 201
+        assert platform.deploy_file(spec).status_code == 201
         platform.wait_ready("noop")
         eventually(lambda: platform.instances("noop")[0]["endpoint"], what="the instance endpoint")
         urls = {"Dilu": f"{platform.url}/v1/functions/noop/invoke"}

@@ -18,11 +18,11 @@ from dilu.db.engine import make_engine, make_session_factory
 from dilu.db.models import InstanceRow, LeaseRow, utcnow
 from dilu.default_impl import create_scheduler
 from dilu.fencing import TERM_HEADER, Deposed
-from dilu.messages import STARTING, STOPPED, DeviceInfo, FunctionStatus, InstanceStatus, StartInstance, WorkerInfo
-from dilu.slices import ComputeSlice
+from dilu.messages import STARTING, STOPPED, DeviceInfo, FunctionStatus, WorkerInfo
 from dilu.state.memory import MemoryStore
 from dilu.worker_client import WorkerDirectory
 from tests.builders import make_spec_dict, make_worker
+from tests.fake_workers import RecordingWorker
 from tests.waiting import async_eventually
 from worker.agent import WorkerAgent
 from worker.api import create_worker_api
@@ -112,34 +112,6 @@ async def test_a_worker_refuses_orders_of_a_term_older_than_one_it_was_sent(tmp_
         assert (await http.delete("/v1/instances/f-1", headers={TERM_HEADER: "5"})).status_code == 200
         assert (await http.delete("/v1/instances/f-1", headers={TERM_HEADER: "six"})).status_code == 400
     await agent.shutdown()
-
-
-class RecordingWorker:
-    """A worker that starts nothing and reports what it was asked to start."""
-
-    def __init__(self) -> None:
-        self.statuses: dict[str, InstanceStatus] = {}
-
-    async def start_instance(self, request: StartInstance) -> InstanceStatus:
-        status = InstanceStatus(request.instance_id, request.function, request.version, STARTING,
-                                endpoint=f"http://127.0.0.1:9/{request.instance_id}")
-        self.statuses[request.instance_id] = status
-        return status
-
-    async def stop_instance(self, instance_id: str) -> None:
-        self.statuses.pop(instance_id, None)
-
-    async def list_instances(self) -> list[InstanceStatus]:
-        return list(self.statuses.values())
-
-    async def read_logs(self, instance_id: str, tail: int = 200) -> str:
-        return ""
-
-    async def set_slice(self, instance_id: str, compute: ComputeSlice) -> bool:
-        return False
-
-    async def info(self) -> dict:
-        return {"runtime_pool": None}
 
 
 async def test_a_start_the_old_leader_placed_but_never_ordered_is_placed_again_not_failed(sessions) -> None:

@@ -14,11 +14,11 @@ from dilu.db import repo
 from dilu.db.models import InstanceRow, utcnow
 from dilu.default_impl import create_scheduler
 from dilu.messages import READY, STARTING, FunctionStatus, InstanceStatus, StartInstance
-from dilu.slices import ComputeSlice
 from dilu.state.base import Channel
 from dilu.state.memory import MemoryStore
 from dilu.worker_client import WorkerDirectory
 from tests.builders import make_spec_dict, make_worker
+from tests.fake_workers import RecordingWorker
 from tests.waiting import async_eventually
 
 pytestmark = pytest.mark.integration
@@ -26,38 +26,20 @@ pytestmark = pytest.mark.integration
 PINNED = {"memory": "64Mi", "gpu": False, "sm_request": 0.5, "sm_limit": 0.5}   # no profiling
 
 
-class HeldStartsWorker:
+class HeldStartsWorker(RecordingWorker):
     """A worker whose start orders wait until ``release`` is set; it notes the routes the state
     store held when each order came, and reports the instances it was given (or told of)."""
 
     def __init__(self, store: MemoryStore) -> None:
+        super().__init__()
         self.store = store
         self.release = asyncio.Event()
-        self.statuses: dict[str, InstanceStatus] = {}
         self.routes_when_ordered: dict[str, set[str]] = {}
 
     async def start_instance(self, request: StartInstance) -> InstanceStatus:
         self.routes_when_ordered[request.function] = set(await self.store.get_routes())
         await self.release.wait()
-        status = InstanceStatus(request.instance_id, request.function, request.version, STARTING,
-                                endpoint=f"http://127.0.0.1:9/{request.instance_id}")
-        self.statuses[request.instance_id] = status
-        return status
-
-    async def stop_instance(self, instance_id: str) -> None:
-        self.statuses.pop(instance_id, None)
-
-    async def list_instances(self) -> list[InstanceStatus]:
-        return list(self.statuses.values())
-
-    async def read_logs(self, instance_id: str, tail: int = 200) -> str:
-        return ""
-
-    async def set_slice(self, instance_id: str, compute: ComputeSlice) -> bool:
-        return False
-
-    async def info(self) -> dict:
-        return {"runtime_pool": None}
+        return await super().start_instance(request)
 
 
 def _ready_function(sessions, name: str) -> None:
