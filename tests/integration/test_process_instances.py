@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 from dataclasses import replace
@@ -487,3 +488,19 @@ async def test_a_failed_pass_over_the_instances_does_not_stop_the_worker(tmp_pat
     finally:
         runner.cancel()
         await agent.shutdown()
+
+
+def test_code_deployed_by_path_is_read_again_and_a_bundle_once(tmp_path: Path) -> None:
+    """A folder deployed by path may change between starts, so its imports are read each time;
+    a bundle's content is its digest's, so once."""
+    backend = ProcessBackend(state_dir=tmp_path / "state", preload=("wave",), cpu_pool=False)
+    folder = tmp_path / "code"
+    folder.mkdir()
+    (folder / "handler.py").write_text("class Echo:\n    pass\n")
+    by_path = make_start("i-1", str(folder))
+    bundled = dataclasses.replace(make_start("i-2", str(folder)), bundle="sha256:" + "0" * 64)
+    assert backend._preloads_of(by_path) == () and backend._preloads_of(bundled) == ()
+    (folder / "handler.py").write_text("import wave\n\nclass Echo:\n    pass\n")
+    assert backend._preloads_of(by_path) == ("wave",), "the edited folder is read again"
+    assert backend._preloads_of(bundled) == (), "a bundle's digest names its content: read once"
+    backend.close()

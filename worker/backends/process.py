@@ -107,7 +107,7 @@ class ProcessBackend:
         bounds = (spares, max(spares, spares_max if spares_max is not None else spares))
         PoolSizer(*bounds)   # checks the bounds now, not at the first pool
         self._preload = tuple(preload)
-        self._needs: dict[str, tuple[str, ...]] = {}    # source folder -> the preloads its code needs
+        self._needs: dict[str, tuple[str, ...]] = {}    # bundle digest -> the preloads its code needs
         self._sandboxes = Sandboxes(users) if users is not None else None
         self._leftovers: Leftovers | None = None    # set by adopt(), at the worker's start
         self.cpu = cpu
@@ -284,13 +284,15 @@ class ProcessBackend:
         return self.cpu.background_procs_file() if self.cpu and self.cpu.available else None
 
     def _preloads_of(self, request: StartInstance) -> tuple[str, ...]:
-        """The preloadable modules the function's code imports (read once per code folder)."""
-        needed = self._needs.get(request.source_dir)
+        """The preloadable modules the function's code imports: read once per bundle (its
+        digest names its content); a folder deployed by path may change, so it is read each time."""
+        needed = self._needs.get(request.bundle) if request.bundle else None
         if needed is None:
             arrays = request.spec.get("arrays")
             needed = preloads_needed(self._preload, imported_modules(python_sources(request.source_dir)),
                                      arrays if isinstance(arrays, str) else None)
-            self._needs[request.source_dir] = needed
+            if request.bundle:
+                self._needs[request.bundle] = needed
         return needed
 
     def _take_spare(self, request: StartInstance, extra_env: dict[str, str] | None,
