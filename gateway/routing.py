@@ -181,7 +181,8 @@ class RoutingTable:
                                      f"`dilu events {function}` shows why")
                 changed = entry.changed
                 try:
-                    await asyncio.wait_for(changed.wait(), left)
+                    async with asyncio.timeout(left):
+                        await changed.wait()
                 except TimeoutError:
                     pass
         finally:
@@ -198,7 +199,8 @@ class RoutingTable:
             if left <= 0:
                 return False
             try:
-                await asyncio.wait_for(entry.changed.wait(), left)
+                async with asyncio.timeout(left):
+                    await entry.changed.wait()
             except TimeoutError:
                 pass
             entry = self._entry(function)

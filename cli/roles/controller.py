@@ -41,5 +41,6 @@ async def run_controller(settings: ControllerSettings) -> None:
         # controller alive.
         for closing in (http.aclose(), store.close()):
             with contextlib.suppress(Exception, asyncio.TimeoutError):
-                await asyncio.wait_for(closing, CLOSE_TIMEOUT_S)
+                async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                    await closing
         engine.dispose()

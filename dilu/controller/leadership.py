@@ -66,7 +66,8 @@ class Leadership:
             with self.sessions() as session:
                 return fn(session=session, **kwargs)
 
-        return await asyncio.wait_for(asyncio.to_thread(run), self.timing.ttl_s * CALL_TIMEOUT_FACTOR)
+        async with asyncio.timeout(self.timing.ttl_s * CALL_TIMEOUT_FACTOR):
+            return await asyncio.to_thread(run)
 
     async def acquire(self) -> int:
         """Waits until this controller holds the lease; its term."""
@@ -92,7 +93,8 @@ class Leadership:
         term, sent_ok = self.term, self._clock()
         while not self.lost.is_set():
             try:
-                await asyncio.wait_for(self.lost.wait(), self.timing.renew_every_s)
+                async with asyncio.timeout(self.timing.renew_every_s):
+                    await self.lost.wait()
                 break
             except TimeoutError:
                 pass
@@ -137,8 +139,8 @@ class Leader(Protocol):
 
 
 async def _stopped(*tasks: asyncio.Task) -> None:
-    """Cancels ``tasks`` until each has ended: on Python 3.11 ``asyncio.wait_for`` can swallow a
-    cancellation that meets its own timeout, and a loop built on it then runs on."""
+    """Cancels ``tasks`` until each has ended: code a task awaits can swallow a cancellation
+    (``asyncio.wait_for`` on Python 3.11 did, which the lint now bans), and a loop then runs on."""
     for task in tasks:
         while not task.done():
             task.cancel()

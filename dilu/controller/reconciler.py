@@ -151,7 +151,8 @@ class Reconciler:
                                         next_timer_in_s=min((at - now for at in self.functions.recheck_at.values()
                                                              if at > now), default=None))
                 try:
-                    await asyncio.wait_for(self.ctx.wake.wait(), wake_in_s(self._activity, now, sleep))
+                    async with asyncio.timeout(wake_in_s(self._activity, now, sleep)):
+                        await self.ctx.wake.wait()
                 except TimeoutError:
                     pass
         finally:
@@ -370,7 +371,8 @@ class Reconciler:
                 return info.id, None
             failures = self._silent.setdefault(info.id, FailureLog(log, f"listing the instances of {info.id}"))
             try:
-                statuses = await asyncio.wait_for(client.list_instances(), QUICK_CALL_S)   # in-process ones too
+                async with asyncio.timeout(QUICK_CALL_S):
+                    statuses = await client.list_instances()   # in-process ones too
             except (WorkerUnavailable, TimeoutError) as exc:
                 failures.failed(exc)
                 return info.id, None

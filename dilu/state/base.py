@@ -141,7 +141,8 @@ async def follow(store: StateStore, channel: Channel, retry_s: float = 0.2,
         finally:
             if subscription is not None:
                 with contextlib.suppress(Exception, asyncio.TimeoutError):
-                    await asyncio.wait_for(subscription.aclose(), 1.0)
+                    async with asyncio.timeout(1.0):
+                        await subscription.aclose()
         _raise_if_cancelled()
         await asyncio.sleep(delay)
         delay = min(max_retry_s, delay * 2)

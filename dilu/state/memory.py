@@ -141,7 +141,8 @@ class _MemorySubscription:
 
     async def get(self, timeout: float) -> dict[str, Any] | None:
         try:
-            return await asyncio.wait_for(self._queue.get(), timeout)
+            async with asyncio.timeout(timeout):
+                return await self._queue.get()
         except TimeoutError:
             return None
 

@@ -311,14 +311,15 @@ class WorkflowLoader:
 
     async def _read(self, keys: list[str]) -> dict[str, list[dict[str, Any]]]:
         try:
-            return await asyncio.wait_for(self.store.histories(keys), STORE_TIMEOUT_S)
+            async with asyncio.timeout(STORE_TIMEOUT_S):
+                return await self.store.histories(keys)
         except (TimeoutError, Exception) as exc:  # noqa: BLE001 - a store outage: plan from nothing, as a new workflow
             logger.warning("workflow history unavailable (%s): planning without it", type(exc).__name__)
             return {}
 
     async def _append(self, key: str, item: dict[str, Any], keep_items: int) -> None:
         try:
-            await asyncio.wait_for(self.store.append_history(key, item, keep_items, HISTORY_TTL_S),
-                                   STORE_TIMEOUT_S)
+            async with asyncio.timeout(STORE_TIMEOUT_S):
+                await self.store.append_history(key, item, keep_items, HISTORY_TTL_S)
         except (TimeoutError, Exception) as exc:  # noqa: BLE001 - a store outage loses this sample, not the request
             logger.warning("could not record workflow history (%s)", type(exc).__name__)

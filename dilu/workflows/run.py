@@ -82,7 +82,8 @@ async def run_workflow(spec: WorkflowSpec, request: Any, call: Call,
             limit = node.timeout_s or spec.node_timeout_s
             runs[name].started_ms = now_ms()
             try:
-                status, body = await asyncio.wait_for(call(node.function, json.dumps(payload).encode()), limit)
+                async with asyncio.timeout(limit):
+                    status, body = await call(node.function, json.dumps(payload).encode())
             except TimeoutError:
                 runs[name].status, runs[name].ended_ms = "timeout", now_ms()
                 raise WorkflowFailed(504, f"node {name!r} ({node.function}) did not answer within {limit:g}s",
@@ -105,7 +106,8 @@ async def run_workflow(spec: WorkflowSpec, request: Any, call: Call,
 
     tasks = [asyncio.create_task(run(name)) for name in spec.order()]
     try:
-        await asyncio.wait_for(_first_failure(tasks), spec.timeout_s)
+        async with asyncio.timeout(spec.timeout_s):
+            await _first_failure(tasks)
     except TimeoutError:
         running = [n for n, r in runs.items() if r.status == "pending" and r.started_ms is not None]
         raise WorkflowFailed(504, f"the workflow did not finish within {spec.timeout_s:g}s (still running: "

@@ -30,7 +30,8 @@ async def _pools(services: Control, workers: list[WorkerRow]) -> dict:
         if client is None or worker.state != "alive":
             return worker.id, {}
         try:
-            return worker.id, await asyncio.wait_for(client.info(), 2.0)
+            async with asyncio.timeout(2.0):
+                return worker.id, await client.info()
         except Exception:  # noqa: BLE001 - a slow or lost worker shows no pool
             return worker.id, {}
 

@@ -12,12 +12,16 @@ import signal
 import subprocess
 from pathlib import Path
 
+import pytest
 from sqlalchemy import select
 
 from dilu.db.models import InstanceRow, ScalingEventRow
 from tests.cluster import CLIENTS, Cluster, Load
 from tests.conftest import FIXTURE_FUNCTIONS
 from tests.waiting import eventually
+
+# It measures how the platform reacts to load: it runs with no other test beside it (scripts/test).
+pytestmark = pytest.mark.alone
 
 TAKEOVER_BOUND_S = 5.0
 

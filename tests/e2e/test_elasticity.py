@@ -9,8 +9,13 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import FIXTURE_FUNCTIONS
 from tests.waiting import eventually
+
+# It measures how the platform reacts to load: it runs with no other test beside it (scripts/test).
+pytestmark = pytest.mark.alone
 
 
 def _copy_with(tmp_path: Path, folder: str, name: str, extra_yaml: str) -> Path:

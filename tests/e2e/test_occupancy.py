@@ -15,6 +15,9 @@ from tests.conftest import FIXTURE_FUNCTIONS
 from tests.waiting import eventually
 from worker.cgroups import CpuLimiter
 
+# It measures how the platform reacts to load: it runs with no other test beside it (scripts/test).
+pytestmark = pytest.mark.alone
+
 needs_cgroups = pytest.mark.skipif(not CpuLimiter().available, reason="no writable cgroup cpu controller")
 
 

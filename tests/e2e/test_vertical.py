@@ -11,6 +11,9 @@ from tests.conftest import ROOT
 from tests.shim_harness import build_shim
 from tests.waiting import eventually
 
+# It measures how the platform reacts to load: it runs with no other test beside it (scripts/test).
+pytestmark = pytest.mark.alone
+
 EXAMPLE = ROOT / "examples" / "synthetic-gpu"
 
 

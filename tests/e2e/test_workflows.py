@@ -15,6 +15,9 @@ import pytest
 from tests.conftest import FIXTURE_FUNCTIONS
 from tests.waiting import eventually
 
+# It measures how the platform reacts to load: it runs with no other test beside it (scripts/test).
+pytestmark = pytest.mark.alone
+
 WORKFLOW = """
 name: arith
 nodes:

@@ -121,7 +121,8 @@ class Batcher:
                 if left <= 0:
                     break
                 try:
-                    batch.append(await asyncio.wait_for(self._queue.get(), left))
+                    async with asyncio.timeout(left):
+                        batch.append(await self._queue.get())
                 except TimeoutError:
                     break
             live = [entry for entry in batch if not entry[1].done()]

@@ -157,7 +157,8 @@ class StreamRunner:
             elif running:   # every caller has its fill unread: wait for one to read, or to stall
                 self._wake.clear()
                 try:
-                    await asyncio.wait_for(self._wake.wait(), timeout=self._next_stall(running))
+                    async with asyncio.timeout(self._next_stall(running)):
+                        await self._wake.wait()
                 except TimeoutError:
                     pass
 
