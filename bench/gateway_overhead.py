@@ -7,7 +7,10 @@ front of that instance, then runs the same closed-loop load against the three UR
 round by round so machine noise hits them alike. Prints requests/s, p50 and p99 for each, what
 the gateway and nginx add at p50 over the instance, and the gateway's requests/s over nginx's.
 
-    python bench/gateway_overhead.py [--seconds 5] [--rounds 2] [--clients 1,32]
+    python bench/gateway_overhead.py [--seconds 5] [--rounds 2] [--clients 1,32] [--tcp-hop]
+
+``--tcp-hop`` adds a second platform that reaches its instance over loopback TCP
+(``DILU_INSTANCE_SOCKETS=off``) as the ``gw-tcp`` path: the Unix-socket hop's saving, side by side.
 
 Targets (issue 47): the gateway adds at most 0.06 ms at p50 at one client, and serves at
 least nginx's requests/s at 32 clients. Without nginx installed, its rows are left out.
@@ -42,17 +45,23 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="length of one measured round")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds per path")
     parser.add_argument("--clients", default="1,32", help="comma-separated concurrency levels")
+    parser.add_argument("--tcp-hop", action="store_true", help="also a gateway reaching its instance over TCP")
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="dilu-bench-"))
     spec = noop_function(ROOT / "examples", workdir)
     platform = Platform(workdir / "home")
+    tcp_platform = Platform(workdir / "home-tcp", env={"DILU_INSTANCE_SOCKETS": "off"}) if args.tcp_hop else None
     proxy: Proxy | None = None
     try:
         assert platform.deploy_file(spec).status_code == 201
         platform.wait_ready("noop")
         endpoint = eventually(lambda: platform.instances("noop")[0]["endpoint"], what="the instance endpoint")
         paths = {"direct": f"{endpoint}/infer", "gateway": f"{platform.url}/v1/functions/noop/invoke"}
+        if tcp_platform is not None:
+            assert tcp_platform.deploy_file(spec).status_code == 201
+            tcp_platform.wait_ready("noop")
+            paths["gw-tcp"] = f"{tcp_platform.url}/v1/functions/noop/invoke"
         try:
             proxy = start_nginx(endpoint)
             paths["nginx"] = f"{proxy.url}/infer"
@@ -93,6 +102,8 @@ def main() -> None:
         if proxy is not None:
             proxy.close()
         platform.close()
+        if tcp_platform is not None:
+            tcp_platform.close()
 
 
 if __name__ == "__main__":

@@ -37,6 +37,10 @@ class CommonSettings(BaseSettings):
     artifact_store: Path | None = Field(None, description="Folder of weight artifacts, shared by the gateways "
                                                           "(which write it) and the workers (which read it); "
                                                           "<home>/artifacts when unset")
+    instance_sockets: str = Field("auto", max_length=500, description=(
+        "Folder of the Unix sockets a host's process instances also listen on, through which a gateway on the "
+        "same host reaches them without loopback TCP (it falls back to TCP where a socket is not there): "
+        "auto: <home>/sockets; off: TCP only"))
     max_artifact_bytes: int = Field(64 * 2**30, gt=0, description="Largest weights artifact the gateway accepts")
     cluster_key: str | None = Field(None, min_length=24, description="Shared secret of the roles: workers take "
                                                                      "orders only from callers that send it")
@@ -89,6 +93,13 @@ class CommonSettings(BaseSettings):
     @property
     def effective_artifact_store(self) -> Path:
         return self.artifact_store or self.home / "artifacts"
+
+    @property
+    def instance_sockets_folder(self) -> Path | None:
+        """Where instances' Unix sockets live on this host; None: instances are reached over TCP."""
+        if self.instance_sockets == "off":
+            return None
+        return self.home / "sockets" if self.instance_sockets == "auto" else Path(self.instance_sockets)
 
     @property
     def logs_dir(self) -> Path:

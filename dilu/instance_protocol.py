@@ -4,7 +4,9 @@ A worker starts an instance process (``python -m worker.instance``) with:
 - ``DILU_INSTANCE_CONFIG``: a JSON file holding an ``InstanceConfig``, or
   ``DILU_INSTANCE_CONFIG_JSON``: the same JSON inline (containers, where no file is shared);
 - ``DILU_LISTEN_FD``: an inherited, already-bound listening socket, or ``DILU_LISTEN``:
-  ``host:port`` to bind (containers, which cannot inherit a socket);
+  ``host:port`` to bind (containers, which cannot inherit a socket); and ``DILU_LISTEN_UNIX_FD``:
+  an inherited listening Unix socket it also serves on, for a gateway on its host
+  (``dilu.local_sockets``);
 - ``DILU_INSTANCE_ID``, ``DILU_FUNCTION``; ``DILU_DEVICE`` (``cuda`` or ``cpu``);
 - ``DILU_INSTANCE_KEY``: a secret; the instance serves its routes only under ``/i/<key>``, so
   its endpoint (``http://host:port/i/<key>``, known to the worker, the controller and the
@@ -31,6 +33,7 @@ ENV_CONFIG = "DILU_INSTANCE_CONFIG"
 ENV_CONFIG_JSON = "DILU_INSTANCE_CONFIG_JSON"
 ENV_LISTEN_FD = "DILU_LISTEN_FD"
 ENV_LISTEN = "DILU_LISTEN"
+ENV_LISTEN_UNIX_FD = "DILU_LISTEN_UNIX_FD"
 ENV_INSTANCE_ID = "DILU_INSTANCE_ID"
 ENV_FUNCTION = "DILU_FUNCTION"
 ENV_DEVICE = "DILU_DEVICE"
@@ -102,17 +105,19 @@ class InstanceEnvironment:
     config_json: str | None = None
     key: str | None = None
     listen: tuple[str, int] | None = None   # (host, port) to bind when no socket is inherited
+    listen_unix_fd: int | None = None        # a Unix socket served beside the TCP one
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> InstanceEnvironment:
         environ = os.environ if environ is None else environ
-        fd = environ.get(ENV_LISTEN_FD)
+        fd, unix_fd = environ.get(ENV_LISTEN_FD), environ.get(ENV_LISTEN_UNIX_FD)
         host, _, port = (environ.get(ENV_LISTEN) or "").rpartition(":")
         return cls(config_path=environ.get(ENV_CONFIG) or None,
                    listen_fd=int(fd) if fd and fd.isdigit() else None,
                    device=environ.get(ENV_DEVICE) or "cpu",
                    config_json=environ.get(ENV_CONFIG_JSON) or None, key=environ.get(ENV_KEY) or None,
-                   listen=(host.strip("[]"), int(port)) if host and port.isdigit() else None)
+                   listen=(host.strip("[]"), int(port)) if host and port.isdigit() else None,
+                   listen_unix_fd=int(unix_fd) if unix_fd and unix_fd.isdigit() else None)
 
     def config(self) -> InstanceConfig | None:
         """The instance's configuration from the file or the inline JSON; None when neither is set."""

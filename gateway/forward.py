@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 import httptools
 
 from dilu.instance_protocol import LOADING_HEADER, NOT_STREAMING_HEADER, TENSORS_HEADER
+from dilu.local_sockets import SocketFolder
 
 PASSED_HEADERS = ("x-dilu-batch-size", "x-dilu-latency-ms", "x-dilu-instance", LOADING_HEADER,
                   NOT_STREAMING_HEADER)
@@ -216,9 +217,12 @@ class _Connection(asyncio.Protocol):
 
 
 class Forwarder:
-    """POSTs bodies to instances; ``max_connections`` bounds the connections in use at once."""
+    """POSTs bodies to instances; ``max_connections`` bounds the connections in use at once.
+    With ``sockets`` (``dilu.local_sockets``), an instance on this host is reached through its
+    Unix socket there, and over TCP when it has none this gateway may use."""
 
-    def __init__(self, max_connections: int = 1024) -> None:
+    def __init__(self, max_connections: int = 1024, sockets: SocketFolder | None = None) -> None:
+        self._sockets = sockets
         self._slots = asyncio.Semaphore(max_connections)
         self._idle: dict[tuple[str, int], list[_Connection]] = defaultdict(list)
 
@@ -230,8 +234,10 @@ class Forwarder:
             for connection in connections:
                 connection.close()
         self._idle.clear()
+        if self._sockets is not None:
+            self._sockets.close()
 
-    async def _connection(self, target: _Target) -> _Connection:
+    async def _connection(self, target: _Target, instance_id: str | None) -> _Connection:
         idle = self._idle[(target.host, target.port)]
         now = time.monotonic()
         while idle:
@@ -239,8 +245,16 @@ class Forwarder:
             if not connection.closed and now - connection.idle_since < IDLE_S:
                 return connection
             connection.close()
+        loop = asyncio.get_running_loop()
+        address = self._sockets.address_of(instance_id) if self._sockets is not None and instance_id else None
+        if address is not None:
+            try:
+                _, connection = await loop.create_unix_connection(_Connection, address)
+                return connection
+            except OSError:
+                pass     # gone, or not this gateway's to reach: TCP tells which
         try:
-            _, connection = await asyncio.get_running_loop().create_connection(_Connection, target.host, target.port)
+            _, connection = await loop.create_connection(_Connection, target.host, target.port)
         except OSError as exc:
             raise NotDelivered(f"cannot connect to {target.host}:{target.port}: {exc.strerror or exc}") from exc
         return connection
@@ -254,16 +268,18 @@ class Forwarder:
         idle.append(connection)
 
     async def post(self, url: str, body: bytes | memoryview, timeout_s: float,
-                   content_type: str = "application/json", tensors: str | None = None) -> Reply:
+                   content_type: str = "application/json", tensors: str | None = None,
+                   instance_id: str | None = None) -> Reply:
         """The instance's reply to ``body`` POSTed to ``url`` (``tensors``: the header of a tensor
-        frame); ``NotDelivered`` when no connection could be made, ``InstanceTimeout`` after
-        ``timeout_s``, ``InstanceFailed`` when the connection broke after the request was sent."""
+        frame; ``instance_id``: whose socket to try first); ``NotDelivered`` when no connection
+        could be made, ``InstanceTimeout`` after ``timeout_s``, ``InstanceFailed`` when the
+        connection broke after the request was sent."""
         target = _target(url)
         extra = b"" if tensors is None else b"%s: %s\r\n" % (_TENSORS, tensors.encode("latin-1"))
         head = b"POST %s HTTP/1.1\r\nhost: %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n%s\r\n" % (
             target.path, target.authority, content_type.encode("latin-1"), len(body), extra)
         async with self._slots:
-            connection = await self._connection(target)
+            connection = await self._connection(target, instance_id)
             done = False
             try:
                 async with asyncio.timeout(timeout_s):
@@ -279,7 +295,8 @@ class Forwarder:
             return reply
 
     async def stream(self, url: str, body: bytes | memoryview, timeout_s: float,
-                     content_type: str = "application/json", accept: str = "text/event-stream") -> Streamed:
+                     content_type: str = "application/json", accept: str = "text/event-stream",
+                     instance_id: str | None = None) -> Streamed:
         """POSTs ``body`` asking for a stream; returns once the status and headers are in (within
         ``timeout_s``). The body then comes through ``chunks(idle_s, deadline)``, which ends the
         stream with ``InstanceTimeout`` when no piece arrives for ``idle_s`` or at the monotonic
@@ -290,7 +307,7 @@ class Forwarder:
             target.path, target.authority, content_type.encode("latin-1"), accept.encode("latin-1"), len(body))
         await self._slots.acquire()
         try:
-            connection = await self._connection(target)
+            connection = await self._connection(target, instance_id)
         except BaseException:
             self._slots.release()
             raise

@@ -248,7 +248,8 @@ class Invoker:
                                                            body, accept, arrived)
                 else:
                     reply = await self._forwarder.post(endpoint.url + "/infer", body, settings.request_timeout_s,
-                                                       invocation.content_type, invocation.tensors)
+                                                       invocation.content_type, invocation.tensors,
+                                                       endpoint.instance_id)
             except asyncio.CancelledError:
                 ABANDONED.labels(name, "in_flight").inc()   # the connection's close tells the instance
                 raise
@@ -298,7 +299,7 @@ class Invoker:
         settings, name = self._settings, function.name
         max_s = min(settings.max_stream_s, function.model.max_stream_s or settings.max_stream_s)
         streamed = await self._forwarder.stream(url + "/infer", body, settings.request_timeout_s,
-                                                invocation.content_type, accept)
+                                                invocation.content_type, accept, instance_id)
         reply = Reply(streamed.status, b"", streamed.content_type, streamed.headers)
         if streamed.status == 200 and streamed.content_type.split(";")[0].strip() in STREAM_TYPES.values():
             def ended() -> None:

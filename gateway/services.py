@@ -21,6 +21,7 @@ from dilu.db import repo
 from dilu.db.models import InstanceRow
 from dilu.default_impl import create_scheduler
 from dilu.failures import OUTAGES, FailureLog, describe
+from dilu.local_sockets import open_folder
 from dilu.messages import READY, Endpoint, InstanceRole
 from dilu.state.base import Channel, StateStore, follow
 from dilu.worker_client import WorkerDirectory
@@ -52,7 +53,7 @@ class GatewayServices:
         self.routing = RoutingTable(settings.queue_size)
         self.functions = FunctionCache(sessions, self.routing)
         self.activity = ActivityRecorder(self.routing)
-        self.forwarder = Forwarder()
+        self.forwarder = Forwarder(sockets=open_folder(settings.instance_sockets_folder))
         self.scheduler = create_scheduler(settings.scheduler)  # admits resizes as placements are admitted
         self.auth = Authenticator(sessions, settings.admin_key, always_closed=not is_loopback(settings.host),
                                   instance_uids=parse_range(settings.instance_uids),

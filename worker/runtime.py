@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from dilu.config import WorkerSettings, parse_range
+from dilu.local_sockets import SocketFolder, open_folder
 from worker.backends.base import RuntimeBackend
 from worker.reach import describe
 from worker.sandbox import (
@@ -42,12 +43,23 @@ def create_backend(settings: WorkerSettings) -> RuntimeBackend:
                               preload=tuple(m.strip() for m in settings.spare_preload.split(",") if m.strip()),
                               preload_keep_s=settings.spare_preload_keep_s,
                               users=users, cpu_pool=False,    # each worker agent prepares the pool it needs
+                              sockets=_swept(open_folder(settings.instance_sockets_folder)),
                               passed_env=tuple(n.strip() for n in settings.instance_env_pass.split(",") if n.strip()))
     if settings.runtime == "docker":
         from worker.backends.docker import DockerBackend
 
         return DockerBackend.from_settings(settings)
     raise ValueError(f"unknown runtime {settings.runtime!r}; known: process, docker")
+
+
+def _swept(sockets: SocketFolder | None) -> SocketFolder | None:
+    """The folder, without the sockets of instances an earlier worker on this host left behind."""
+    if sockets is not None:
+        try:
+            sockets.sweep()
+        except OSError as exc:
+            log.warning("could not sweep %s: %s", sockets.path, exc)
+    return sockets
 
 
 def _unreadable(paths: list[str]) -> list[str]:

@@ -192,12 +192,20 @@ def _every(platform, workflow: str, count: int, before=None, period: float = 4.0
     return first
 
 
+# A pre-warm aims to be ready 0.05 s (a root: 0.2 s) before the next request is due
+# (dilu.workflows.keep), on a load-time estimate; polled over HTTP every 0.05 s on a busy host,
+# one that is ready on time can be seen only after the due time, so the wait allows this much
+# more. What each test asserts (the instance was created before the request, the request found
+# it warm or was not slowed) is checked after.
+PREWARM_GRACE_S = 1.0
+
+
 def _after_release_and_prewarm(platform, workflow: str, function: str, answered: float, due: float) -> dict:
     """The timed answer of the request sent at ``due``, once ``function``'s instance was released
     after the request ``answered`` and another was loaded before ``due`` (its records say so)."""
     eventually(lambda: _ended_between(platform, function, answered - 0.5, due), timeout=max(0.1, due - time.time()),
                what=f"{function} to be released after the request")
-    eventually(lambda: _ready(platform, function), timeout=max(0.1, due - time.time()),
+    eventually(lambda: _ready(platform, function), timeout=max(0.1, due - time.time()) + PREWARM_GRACE_S,
                what=f"{function} to be loaded again before the next request")
     time.sleep(max(0.0, due - time.time()))
     sent = time.time()
@@ -292,7 +300,7 @@ def test_a_node_done_mid_request_leaves_when_its_memory_outweighs_a_stop_beside_
     assert platform.http.post("/v1/workflows", json={"yaml": spec}).status_code in (200, 201)
     first = _every(platform, "early", 3, period=6.0)
     if not price:
-        eventually(lambda: _ready(platform, "quick"), timeout=max(0.1, first + 18 - time.time()),
+        eventually(lambda: _ready(platform, "quick"), timeout=max(0.1, first + 18 - time.time()) + PREWARM_GRACE_S,
                    what="the root to be loaded again before the next request")
     time.sleep(max(0.0, first + 18 - time.time()))
     sent = time.time()
@@ -341,7 +349,7 @@ def test_a_request_slower_than_its_plan_keeps_the_nodes_it_still_needs(start_pla
     first = _every(platform, "late", 3, period=6.0)
     keep = platform.http.get("/v1/workflows/late").json()["keep"]      # decided before the answer
     assert keep["b"]["verdict"] == "prewarm", keep
-    eventually(lambda: _ready(platform, "after"), timeout=max(0.1, first + 18 - time.time()),
+    eventually(lambda: _ready(platform, "after"), timeout=max(0.1, first + 18 - time.time()) + PREWARM_GRACE_S,
                what="the leaf to be loaded again before the next request")
     gate.unlink()
     started.unlink()

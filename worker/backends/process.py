@@ -35,6 +35,7 @@ from pathlib import Path
 
 from dilu import instance_protocol as protocol
 from dilu.instance_protocol import InstanceConfig
+from dilu.local_sockets import SocketFolder, socket_name
 from dilu.messages import DeviceInfo, StartInstance
 from worker.backends.base import RunningInstance, endpoint_url, inheritable_listener, signal_group
 from worker.backends.bounds import PIDS, RUNTIME_MEMORY, InstanceBounds, bounds_for
@@ -42,7 +43,7 @@ from worker.backends.heap import keeping_freed_memory
 from worker.backends.imports import imported_modules, preloads_needed, python_sources
 from worker.backends.instance_env import allowed_env
 from worker.backends.pools import RuntimePools
-from worker.backends.spares import Spare, SpareLaunch, SparePool, exec_time, preload_env
+from worker.backends.spares import Spare, SpareLaunch, SparePool, bind_unix, exec_time, preload_env
 from worker.cgroups import CpuLimiter, InstanceGroups, join_group_of, join_groups
 from worker.leftovers import Leftovers
 from worker.pool import PoolSizer
@@ -97,13 +98,15 @@ class ProcessBackend:
                  preload: tuple[str, ...] = (), users: UidRegistry | None = None, cpu_pool: bool = True,
                  passed_env: tuple[str, ...] = (), groups: InstanceGroups | None = None,
                  runtime_memory: int = RUNTIME_MEMORY, pids: int = PIDS, stream_stall_s: float = 30.0,
-                 preload_keep_s: float = 900.0) -> None:
+                 preload_keep_s: float = 900.0, sockets: SocketFolder | None = None) -> None:
         """``groups``: each instance's memory and pids limits, and the end of all its processes
         at its stop (None: unbounded); ``runtime_memory`` and ``pids``: ``bounds_for``'s. A
         worker with ``users`` (root) also gives each instance a private /tmp and /dev/shm.
         ``preload``: the modules spares may import ahead, each only for functions whose code
-        imports it, kept ``preload_keep_s`` after the last of them ended."""
+        imports it, kept ``preload_keep_s`` after the last of them ended. ``sockets``: where
+        each instance also listens on a Unix socket named by its id (``dilu.local_sockets``)."""
         self._state_dir = state_dir
+        self._sockets = sockets
         bounds = (spares, max(spares, spares_max if spares_max is not None else spares))
         PoolSizer(*bounds)   # checks the bounds now, not at the first pool
         self._preload = tuple(preload)
@@ -134,7 +137,7 @@ class ProcessBackend:
 
     def instance_env(self, request: StartInstance, device: DeviceInfo, config_json: str, fd: int,
                      extra_env: dict[str, str] | None = None, instance_key: str = "",
-                     home: Path | None = None, user: InstanceUser | None = None) -> dict[str, str]:
+                     home: Path | None = None, user: InstanceUser | None = None, unix_fd: int = -1) -> dict[str, str]:
         env = with_injection({**self._base_env, **(request.spec.get("env") or {})}, extra_env)
         env.update({
             protocol.ENV_KEY: instance_key,
@@ -147,6 +150,8 @@ class ProcessBackend:
             "CUDA_VISIBLE_DEVICES": device.uuid if device.kind == "gpu" and device.uuid else "",
             "PYTHONUNBUFFERED": "1",
         })
+        if unix_fd >= 0:
+            env[protocol.ENV_LISTEN_UNIX_FD] = str(unix_fd)
         if home is not None:   # its own HOME, and its temp files in its own /tmp (within its memory)
             env.update({"HOME": str(home), "TMPDIR": "/tmp"})
         if user is not None:
@@ -178,21 +183,27 @@ class ProcessBackend:
                 self._pools.maintain()
         listener = inheritable_listener(self._host)
         port = listener.getsockname()[1]
+        name = socket_name(request.instance_id)
+        unix = bind_unix(self._sockets, name) if name else None
+        passed = (listener.fileno(),) if unix is None else (listener.fileno(), unix.fileno())
         try:
             with open(log_path, "ab") as log:
                 process = subprocess.Popen(
                     [self._python, "-m", "worker.instance"],
                     env=self.instance_env(request, device, config_json, listener.fileno(), extra_env, key, home,
-                                          user),
+                                          user, unix_fd=passed[1] if unix is not None else -1),
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    pass_fds=(listener.fileno(),), start_new_session=True,
+                    pass_fds=passed, start_new_session=True,
                     preexec_fn=_child_setup(procs, user, self._temp_bytes(bounds), self._kept_temp,
                                                         self._reach), cwd=code,
                 )
         except (OSError, subprocess.SubprocessError) as exc:
+            self._forget_socket(request.instance_id)
             raise RuntimeError(f"cannot start instance process: {exc}") from exc
         finally:
             listener.close()
+            if unix is not None:
+                unix.close()
         return RunningInstance(endpoint=endpoint_url(self._advertise, port) + protocol.route_prefix(key),
                                pid=process.pid, handle=process, instance_id=request.instance_id)
 
@@ -264,7 +275,8 @@ class ProcessBackend:
                            # Pool processes wait in the background group: refilling never slows
                            # serving down; an assigned spare moves to its instance's group and
                            # takes its function's user.
-                           preexec=_child_setup([background] if background else [], None))
+                           preexec=_child_setup([background] if background else [], None),
+                           sockets=self._sockets)
 
     def pool(self, exec_env: dict[str, str] | None = None, preload: tuple[str, ...] = ()) -> SparePool | None:
         """The pool for instances injected with ``exec_env`` (default: plain CPU ones) whose
@@ -310,7 +322,9 @@ class ProcessBackend:
         for procs_file in procs:
             join_group_of(procs_file, spare.process.pid)
         os.replace(spare.log_path, log_path)
-        env = self.instance_env(request, device, config_json, spare.fd, extra_env, key, home, user)
+        self._name_socket(spare, request.instance_id)
+        env = self.instance_env(request, device, config_json, spare.fd, extra_env, key, home, user,
+                                unix_fd=spare.unix_fd)
         assignment = {"env": env, "cwd": code, "user": [user.uid, user.gid] if user is not None else None,
                       "private_temp": self._temp_bytes(bounds), "keep_temp": list(self._kept_temp),
                       "reach": [cover.to_json() for cover in self._reach]}
@@ -321,6 +335,25 @@ class ProcessBackend:
             raise RuntimeError(f"cannot hand the instance to a spare process: {exc}") from exc
         return RunningInstance(endpoint=spare.endpoint + protocol.route_prefix(key), pid=spare.process.pid,
                                handle=spare.process, instance_id=request.instance_id)
+
+    def _name_socket(self, spare: Spare, instance_id: str) -> None:
+        """The spare's Unix socket takes its instance's name, where a gateway looks for it."""
+        if spare.socket_file is None or self._sockets is None:
+            return
+        name = socket_name(instance_id)
+        try:
+            if name is None:
+                raise OSError(f"instance id {instance_id!r} cannot name a socket")
+            self._sockets.rename(spare.socket_file, name)
+        except OSError as exc:
+            log.warning("instance %s is reached over TCP only: %s", instance_id, exc)
+            self._sockets.remove(spare.socket_file)
+        spare.socket_file = None
+
+    def _forget_socket(self, instance_id: str) -> None:
+        name = socket_name(instance_id)
+        if self._sockets is not None and name is not None:
+            self._sockets.remove(name)
 
     def close(self) -> None:
         """Ends the pools (instances are stopped by the worker)."""
@@ -346,6 +379,7 @@ class ProcessBackend:
     def release(self, instance_id: str) -> None:
         self._bounds_of.pop(instance_id, None)
         self._pools.ended(instance_id)
+        self._forget_socket(instance_id)
         if self.groups is not None:   # nothing of an ended instance outlives it
             self.groups.kill_all(instance_id)
             self.groups.remove(instance_id)

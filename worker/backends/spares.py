@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dilu import instance_protocol as protocol
+from dilu.local_sockets import SocketFolder
 from worker.backends.base import endpoint_url, inheritable_listener, signal_group
 from worker.backends.zygote import Zygote, ZygoteChild
 from worker.pool import PoolSizer
@@ -50,12 +52,15 @@ class Spare:
     endpoint: str
     fd: int            # the listener's number in the worker's spawn (-1: a fork has its own)
     log_path: Path
+    unix_fd: int = -1                # its Unix socket's number, likewise (-1: a fork, or none)
+    socket_file: str | None = None   # that socket's file in the launch's folder, until assigned
 
 
 @dataclass(frozen=True)
 class SpareLaunch:
     """How this pool's processes start: interpreter, full environment, folder, where logs go,
-    the address spares listen on, and what runs in the child before exec (cgroup, user)."""
+    the address spares listen on, and what runs in the child before exec (cgroup, user);
+    ``sockets``: where each spare also listens on a Unix socket (None: TCP only)."""
     name: str
     python: str
     env: dict[str, str]
@@ -64,6 +69,7 @@ class SpareLaunch:
     host: str
     advertise: str
     preexec: Callable[[], None]
+    sockets: SocketFolder | None = None
 
 
 class SparePool:
@@ -87,7 +93,7 @@ class SparePool:
         self.spares = [spare for spare in self.spares if spare.process.poll() is None]
         target = self.sizer.target(time.monotonic())
         while len(self.spares) > target:
-            end_spare(self.spares.pop())
+            self._end(self.spares.pop())
         zygote = self.zygote
         if self._wait_for_zygote and zygote is not None and zygote.alive and not zygote.ready:
             return
@@ -118,7 +124,7 @@ class SparePool:
         spares, self.spares = self.spares, []
         self.sizer = PoolSizer(0, 0)
         for spare in spares:
-            end_spare(spare)
+            self._end(spare)
         if self.zygote is not None:
             self.zygote.close()
             self.zygote = None
@@ -134,27 +140,56 @@ class SparePool:
                            launch.name, exc)
             return None
 
+    def _end(self, spare: Spare) -> None:
+        end_spare(spare)
+        if spare.socket_file is not None and self.launch.sockets is not None:
+            self.launch.sockets.remove(spare.socket_file)
+
     def _spawn(self) -> Spare:
         launch = self.launch
         self._count += 1
         launch.logs.mkdir(parents=True, exist_ok=True)
         log_path = launch.logs / f"spare-{launch.name}-{self._count}.log"
+        socket_file = f"spare-{launch.name}-{self._count}.sock"
         listener = inheritable_listener(launch.host)
         port = listener.getsockname()[1]
-        forked = self.zygote.fork(log_path, listener) if self.zygote is not None else None
-        if forked is not None:
-            listener.close()
-            return Spare(forked, endpoint_url(launch.advertise, port), -1, log_path)
+        unix = bind_unix(launch.sockets, socket_file)
+        if unix is None:
+            socket_file = None
         try:
-            with open(log_path, "ab") as log:
-                process = subprocess.Popen(
-                    [launch.python, "-m", "worker.instance", "--spare"], env=launch.env,
-                    stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, pass_fds=(listener.fileno(),),
-                    start_new_session=True, preexec_fn=launch.preexec, cwd=launch.cwd)
+            forked = self.zygote.fork(log_path, listener, unix) if self.zygote is not None else None
+            if forked is not None:
+                return Spare(forked, endpoint_url(launch.advertise, port), -1, log_path, -1, socket_file)
+            passed = (listener.fileno(),) if unix is None else (listener.fileno(), unix.fileno())
+            try:
+                with open(log_path, "ab") as log:
+                    process = subprocess.Popen(
+                        [launch.python, "-m", "worker.instance", "--spare"], env=launch.env,
+                        stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, pass_fds=passed,
+                        start_new_session=True, preexec_fn=launch.preexec, cwd=launch.cwd)
+            except BaseException:
+                if socket_file is not None and launch.sockets is not None:
+                    launch.sockets.remove(socket_file)
+                raise
+            return Spare(process, endpoint_url(launch.advertise, port), passed[0], log_path,
+                         passed[1] if unix is not None else -1, socket_file)
         finally:
-            fd = listener.fileno()
             listener.close()
-        return Spare(process, endpoint_url(launch.advertise, port), fd, log_path)
+            if unix is not None:
+                unix.close()
+
+
+def bind_unix(sockets: SocketFolder | None, name: str) -> socket.socket | None:
+    """A listening Unix socket ``name`` in ``sockets`` for a process to inherit; None without a
+    folder, or when it cannot be bound (the instance is then reached over TCP only)."""
+    if sockets is None:
+        return None
+    try:
+        return sockets.bind(name)
+    except OSError as exc:
+        logger.warning("cannot bind the Unix socket %s in %s (instances are reached over TCP): %s",
+                       name, sockets.path, exc)
+        return None
 
 
 def end_spare(spare: Spare) -> None:

@@ -46,15 +46,16 @@ class Zygote:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def fork(self, log_path: Path, listener: socket.socket) -> ZygoteChild | None:
-        """A new spare writing to ``log_path`` and serving on ``listener``; None if the zygote
-        cannot make one (the caller starts a spare the slow way)."""
+    def fork(self, log_path: Path, listener: socket.socket, unix: socket.socket | None = None) -> ZygoteChild | None:
+        """A new spare writing to ``log_path`` and serving on ``listener`` (and ``unix``); None
+        if the zygote cannot make one (the caller starts a spare the slow way)."""
         if not self.ready:
             return None
         read_end, write_end = os.pipe()
         try:
             with open(log_path, "ab") as log:
-                socket.send_fds(self._control, [b"FORK\n"], [read_end, log.fileno(), listener.fileno()])
+                fds = [read_end, log.fileno(), listener.fileno(), *([unix.fileno()] if unix is not None else [])]
+                socket.send_fds(self._control, [b"FORK\n"], fds)
             pid = self._await_forked()
         except OSError as exc:
             logger.warning("the runtime pool's zygote did not fork: %s", exc)

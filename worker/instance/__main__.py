@@ -13,7 +13,7 @@ import socket
 import sys
 import time
 
-from dilu.instance_protocol import ENV_LISTEN_FD, ENV_PRELOAD, InstanceEnvironment
+from dilu.instance_protocol import ENV_LISTEN_FD, ENV_LISTEN_UNIX_FD, ENV_PRELOAD, InstanceEnvironment
 from worker.instance.server import bind_listener, exit_now, preload, serve
 
 
@@ -29,10 +29,11 @@ def _import_common(modules: str) -> None:
             print(f"dilu: spare could not preload {name}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
 
 
-def _await_assignment(listener_fd: int | None = None) -> float | None:
+def _await_assignment(listener_fd: int | None = None, unix_fd: int | None = None) -> float | None:
     """A spare's wait: applies the assignment (environment, folder) and returns when it came;
-    None when the worker closed the pipe (the spare is not needed). ``listener_fd``: the
-    listener's number in this process, when it differs from the worker's (a forked spare)."""
+    None when the worker closed the pipe (the spare is not needed). ``listener_fd`` and
+    ``unix_fd``: the listeners' numbers in this process, when they differ from the worker's (a
+    forked spare)."""
     line = sys.stdin.readline()
     if not line:
         return None
@@ -49,6 +50,10 @@ def _await_assignment(listener_fd: int | None = None) -> float | None:
     os.environ.update(assignment["env"])
     if listener_fd is not None:
         os.environ[ENV_LISTEN_FD] = str(listener_fd)
+        if unix_fd is not None:
+            os.environ[ENV_LISTEN_UNIX_FD] = str(unix_fd)
+        else:
+            os.environ.pop(ENV_LISTEN_UNIX_FD, None)
     os.chdir(assignment["cwd"])
     return assigned_at
 
@@ -65,8 +70,8 @@ def _become(uid: int, gid: int) -> None:
     set_dumpable()
 
 
-def _serve_assignment(listener_fd: int) -> None:
-    assigned_at = _await_assignment(listener_fd)
+def _serve_assignment(listener_fd: int, unix_fd: int | None) -> None:
+    assigned_at = _await_assignment(listener_fd, unix_fd)
     if assigned_at is not None:
         _serve(assigned_at)
 
@@ -98,7 +103,8 @@ def _serve(assigned_at: float | None) -> None:
                  "must be set by the worker")
     listener = socket.socket(fileno=environment.listen_fd) if environment.listen_fd is not None \
         else bind_listener(*environment.listen)
-    serve(config, listener, assigned_at, environment.key, environment.device)
+    unix = socket.socket(fileno=environment.listen_unix_fd) if environment.listen_unix_fd is not None else None
+    serve(config, listener, assigned_at, environment.key, environment.device, also=unix)
     exit_now()   # drained: nothing left to wait for
 
 

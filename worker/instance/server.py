@@ -306,8 +306,8 @@ def bind_listener(host: str, port: int) -> socket.socket:
 
 
 def serve(config: InstanceConfig, listener: socket.socket, assigned_at: float | None = None,
-          key: str | None = None, device: str = "cpu") -> None:
-    """Serves on the bound ``listener`` until SIGTERM. ``assigned_at``: when
+          key: str | None = None, device: str = "cpu", also: socket.socket | None = None) -> None:
+    """Serves on the bound ``listener`` (and ``also``, a Unix socket) until SIGTERM. ``assigned_at``: when
     a spare process (started and imported ahead of time) was given this instance; its start-up
     marks count from then."""
 
@@ -341,7 +341,7 @@ def serve(config: InstanceConfig, listener: socket.socket, assigned_at: float | 
     # disposition it found: left at the default, that kills the process before the exit
     # handlers (the handler's own clean-up) run. Found as this handler, it exits through them.
     signal.signal(signal.SIGTERM, lambda _signum, _frame: exit_now())
-    server.run(sockets=[listener])
+    server.run(sockets=[listener] if also is None else [listener, also])
 
 
 def exit_now() -> None:

@@ -6,7 +6,8 @@ milliseconds and costs no CPU, where starting an interpreter and importing torch
 seconds of CPU (on a small host, the pool's refills would otherwise compete with serving).
 
 Protocol, over the Unix socket on stdin (one line per message):
-  worker -> zygote  "FORK\\n" with three fds (SCM_RIGHTS): the spare's stdin, its log, its listener
+  worker -> zygote  "FORK\\n" with three or four fds (SCM_RIGHTS): the spare's stdin, its log, its
+                    listener, and the Unix socket it also listens on when it has one
   zygote -> worker  "READY\\n" once the imports are done; "FORKED <pid>\\n" per fork;
                     "EXIT <pid> <code>\\n" when a spare (or the instance it became) ends, with the
                     exit code as subprocess reports it (negative: killed by that signal)
@@ -27,7 +28,7 @@ from worker.sandbox import die_with_parent
 MAX_MESSAGE = 4096
 
 
-def serve_forks(control: socket.socket, become_spare: Callable[[int], None]) -> None:
+def serve_forks(control: socket.socket, become_spare: Callable[[int, int | None], None]) -> None:
     """The zygote's loop: forks on request, reports exits; returns when the worker hangs up."""
     control.sendall(b"READY\n")
     # A child's exit wakes the loop at once (the signal writes a byte to this pipe): until the
@@ -45,10 +46,10 @@ def serve_forks(control: socket.socket, become_spare: Callable[[int], None]) -> 
             _drain(exited)
         if control not in readable:
             continue
-        message, fds, _, _ = socket.recv_fds(control, MAX_MESSAGE, 3)
+        message, fds, _, _ = socket.recv_fds(control, MAX_MESSAGE, 4)
         if not message:
             return
-        if len(fds) != 3:
+        if len(fds) not in (3, 4):
             for fd in fds:
                 os.close(fd)
             continue
@@ -64,8 +65,8 @@ def serve_forks(control: socket.socket, become_spare: Callable[[int], None]) -> 
         control.sendall(f"FORKED {pid}\n".encode())
 
 
-def _in_child(control: socket.socket, fds: list[int], become_spare: Callable[[int], None]) -> None:
-    stdin, log, listener = fds
+def _in_child(control: socket.socket, fds: list[int], become_spare: Callable[[int, int | None], None]) -> None:
+    stdin, log, listener, *unix = fds
     try:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         os.setsid()                  # its own process group: the worker signals the group
@@ -77,7 +78,7 @@ def _in_child(control: socket.socket, fds: list[int], become_spare: Callable[[in
         os.close(stdin)
         os.close(log)
         sys.stdin = os.fdopen(0, "r", closefd=False)
-        become_spare(listener)
+        become_spare(listener, unix[0] if unix else None)
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
