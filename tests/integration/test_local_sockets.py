@@ -81,27 +81,38 @@ async def test_each_instance_answers_on_its_socket_and_the_socket_goes_with_it(t
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
-def test_another_user_cannot_reach_an_instance_socket(tmp_path: Path) -> None:
-    """A function's instances run as their own users: none may open the folder, so none can
-    reach another instance past its TCP key."""
-    folder = SocketFolder(tmp_path / "sockets")
-    listener = folder.bind("i-victim.sock")
-    os.chmod(tmp_path, 0o755)
+def test_another_user_cannot_reach_an_instance_socket(instance_visible_dir: Path) -> None:
+    """A function's instances run as their own users: none may enter the folder, so none can
+    reach another instance past its TCP key. The sockets are bound open to anyone (umask 0), and
+    the same user reaches one in an open folder beside it: the folder is what keeps it out."""
+    before = os.umask(0)
+    try:
+        folder = SocketFolder(instance_visible_dir / "sockets")
+        victim = folder.bind("i-victim.sock")
+        (instance_visible_dir / "open").mkdir(mode=0o755)
+        beside = socket.socket(socket.AF_UNIX)
+        beside.bind(str(instance_visible_dir / "open" / "i-beside.sock"))
+        beside.listen(1)
+    finally:
+        os.umask(before)
     pid = os.fork()
     if pid == 0:
         try:
             os.setgid(300_123)
             os.setuid(300_123)
-            probe = socket.socket(socket.AF_UNIX)
-            probe.connect(str(tmp_path / "sockets" / "i-victim.sock"))
+            socket.socket(socket.AF_UNIX).connect(str(instance_visible_dir / "open" / "i-beside.sock"))
+            socket.socket(socket.AF_UNIX).connect(str(instance_visible_dir / "sockets" / "i-victim.sock"))
             os._exit(1)
         except PermissionError:
             os._exit(0)
-        except BaseException:  # noqa: BLE001 - any other outcome fails the test
+        except BaseException:  # noqa: BLE001 - any other outcome (the open one refused) fails the test
             os._exit(2)
     _, status = os.waitpid(pid, 0)
-    listener.close()
-    assert os.waitstatus_to_exitcode(status) == 0, "another user reached the socket"
+    victim.close()
+    beside.close()
+    assert os.waitstatus_to_exitcode(status) == 0, {1: "another user reached the socket",
+                                                    2: "the open socket beside it was not reached"}.get(
+        os.waitstatus_to_exitcode(status))
 
 
 def test_a_sweep_removes_only_the_sockets_nothing_listens_on(tmp_path: Path) -> None:
