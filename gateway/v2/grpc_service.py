@@ -7,7 +7,8 @@ ServerMetadata, ModelReady, ModelMetadata, ModelConfig, ModelStatistics, ModelIn
 ModelStreamInfer (tritonclient's ``start_stream``/``async_stream_infer``: a result per chunk of a
 streaming function, see ``gateway.v2.generation``); the rest (model repository, shared memory,
 tracing, log settings) answer UNIMPLEMENTED with the reason. Keys travel as the ``authorization`` metadata, with
-the same scopes as the REST routes.
+the same scopes as the REST routes. ModelInfer's tensors cross the wire without protobuf's copies
+(``gateway.v2.grpc_wire``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from dilu.keys import Need
 from gateway.needs import GuardedModels
 from gateway.v2.classification import class_count
 from gateway.v2.generation import infer, stream_results
+from gateway.v2.grpc_wire import InferRequest, InferResponse, add_to_server
 from gateway.v2.inference import (
     EXTENSIONS,
     NO_SHARED_MEMORY,
@@ -84,19 +86,19 @@ def _from_contents(model: Model, tensor: Any) -> np.ndarray:
     return array.reshape(shape)
 
 
-def decode(model: Model, request: Any) -> Inference:
+def decode(model: Model, request: InferRequest) -> Inference:
     """The inputs of a ModelInferRequest: all raw (in order) or all in typed contents."""
-    raw = list(request.raw_input_contents)
-    if raw and len(raw) != len(request.inputs):
-        raise ProtocolError(400, f"raw_input_contents holds {len(raw)} tensors for {len(request.inputs)} inputs")
+    message, raw = request.message, request.raw
+    if raw and len(raw) != len(message.inputs):
+        raise ProtocolError(400, f"raw_input_contents holds {len(raw)} tensors for {len(message.inputs)} inputs")
     if raw:
-        typed = [tensor.name for tensor in request.inputs if tensor.HasField("contents")]
+        typed = [tensor.name for tensor in message.inputs if tensor.HasField("contents")]
         if typed:
             raise ProtocolError(400, f"contents must not be specified for input {typed[0]!r} when the request uses "
                                      "raw_input_contents: all inputs raw, or all in typed contents")
     inputs: dict[str, np.ndarray] = {}
     try:
-        for position, tensor in enumerate(request.inputs):
+        for position, tensor in enumerate(message.inputs):
             if tensor.name in inputs:
                 raise ProtocolError(400, f"input {tensor.name!r} is given twice")
             if raw:
@@ -107,10 +109,10 @@ def decode(model: Model, request: Any) -> Inference:
                 inputs[tensor.name] = _from_contents(model, tensor)
     except TensorError as exc:
         raise ProtocolError(400, str(exc)) from None
-    wanted = [output.name for output in request.outputs] or None
+    wanted = [output.name for output in message.outputs] or None
     classify = {output.name: class_count(output.parameters["classification"].int64_param, output.name)
-                for output in request.outputs if "classification" in output.parameters}
-    return Inference(inputs=inputs, outputs=wanted, id=request.id or None, classify=classify)
+                for output in message.outputs if "classification" in output.parameters}
+    return Inference(inputs=inputs, outputs=wanted, id=message.id or None, classify=classify)
 
 
 class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -199,16 +201,18 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             found = await every_model_statistics(services)
         return json_format.ParseDict({"model_stats": found}, service_pb2.ModelStatisticsResponse())
 
-    async def ModelInfer(self, request: service_pb2.ModelInferRequest,
-                         context: grpc.aio.ServicerContext) -> service_pb2.ModelInferResponse:
-        model = await self._model(context, Need.INVOKE, request.model_name, request.model_version)
+    async def ModelInfer(self, request: InferRequest, context: grpc.aio.ServicerContext) -> InferResponse:
+        if request.error is not None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.error)
+        message = request.message
+        model = await self._model(context, Need.INVOKE, message.model_name, message.model_version)
         try:
             result = await infer(self._services_of(), model, decode(model, request))
         except ProtocolError as exc:
             await context.abort(STATUS_CODES.get(exc.status, grpc.StatusCode.INTERNAL), exc.message)
         return _response(result)
 
-    async def ModelStreamInfer(self, requests: AsyncIterator[service_pb2.ModelInferRequest],
+    async def ModelStreamInfer(self, requests: AsyncIterator[InferRequest],
                                context: grpc.aio.ServicerContext
                                ) -> AsyncIterator[service_pb2.ModelStreamInferResponse]:
         """Each request's results as they come (requests run side by side, their results
@@ -221,7 +225,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         async def read() -> None:
             try:
                 async for request in requests:
-                    await self._check(context, Need.INVOKE, request.model_name)
+                    await self._check(context, Need.INVOKE, request.message.model_name)
                     await slots.acquire()
                     task = asyncio.create_task(self._stream_one(request, answers))
                     running.add(task)
@@ -243,34 +247,43 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             with contextlib.suppress(BaseException):
                 await reader
 
-    async def _stream_one(self, request: service_pb2.ModelInferRequest,
+    async def _stream_one(self, request: InferRequest,
                           answers: asyncio.Queue[service_pb2.ModelStreamInferResponse | None]) -> None:
-        services = self._services_of()
+        services, message = self._services_of(), request.message
         try:
-            model = await find_model(services, request.model_name, request.model_version)
+            if request.error is not None:
+                raise ProtocolError(400, request.error)
+            model = await find_model(services, message.model_name, message.model_version)
             async for result in stream_results(services, model, decode(model, request)):
-                await answers.put(service_pb2.ModelStreamInferResponse(infer_response=_response(result, final=False)))
+                await answers.put(service_pb2.ModelStreamInferResponse(infer_response=_whole(_response(result, False))))
         except ProtocolError as exc:
             await answers.put(service_pb2.ModelStreamInferResponse(
                 error_message=exc.message, infer_response=service_pb2.ModelInferResponse(
-                    model_name=request.model_name, id=request.id)))
+                    model_name=message.model_name, id=message.id)))
             return
-        if request.parameters[EMPTY_FINAL].bool_param if EMPTY_FINAL in request.parameters else False:
-            final = service_pb2.ModelInferResponse(model_name=model.name, model_version=model.version, id=request.id)
+        if message.parameters[EMPTY_FINAL].bool_param if EMPTY_FINAL in message.parameters else False:
+            final = service_pb2.ModelInferResponse(model_name=model.name, model_version=model.version, id=message.id)
             final.parameters[FINAL].bool_param = True
             await answers.put(service_pb2.ModelStreamInferResponse(infer_response=final))
 
 
-def _response(result: Result, final: bool | None = None) -> service_pb2.ModelInferResponse:
+def _response(result: Result, final: bool | None = None) -> InferResponse:
     """A result as the protocol's response; ``final`` marks (or not) the last of a stream's."""
     model = result.model
-    response = service_pb2.ModelInferResponse(model_name=model.name, model_version=model.version, id=result.id or "")
+    response = InferResponse(service_pb2.ModelInferResponse(model_name=model.name, model_version=model.version,
+                                                            id=result.id or ""))
     for spec, array in result.outputs:
-        response.outputs.add(name=spec.name, datatype=spec.datatype, shape=list(array.shape))
-        response.raw_output_contents.append(bytes(to_binary(spec, array)))
+        response.message.outputs.add(name=spec.name, datatype=spec.datatype, shape=list(array.shape))
+        response.raw.append(to_binary(spec, array))
     if final is not None:
-        response.parameters[FINAL].bool_param = final
+        response.message.parameters[FINAL].bool_param = final
     return response
+
+
+def _whole(response: InferResponse) -> service_pb2.ModelInferResponse:
+    """The response as one message, to nest in a stream's."""
+    response.message.raw_output_contents.extend(bytes(blob) for blob in response.raw)
+    return response.message
 
 
 def _peer_address(peer: str) -> tuple[str, int] | None:
@@ -289,7 +302,7 @@ async def start_grpc(host: str, port: int, services_of: Callable[[], GuardedMode
                                       ("grpc.max_send_message_length", -1),
                                       ("grpc.so_reuseport", 0)])
     servicer = InferenceService(services_of)
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+    add_to_server(servicer, server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         bound = server.add_insecure_port(address)

@@ -167,6 +167,21 @@ def test_raw_and_typed_contents_are_not_mixed_in_one_request(triton) -> None:
     assert "contents must not be specified for input 'INPUT1'" in refused.value.details()
 
 
+def test_bytes_that_are_not_a_request_are_refused_by_name_on_both_methods(triton) -> None:
+    cut = service_pb2.ModelInferRequest(model_name="simple", raw_input_contents=[FIRST.tobytes()]).SerializeToString()
+    with grpc.insecure_channel(triton.grpc_address) as channel:
+        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")   # bytes as they are
+        with pytest.raises(grpc.RpcError) as refused:
+            infer(cut[:-1], timeout=60)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert refused.value.details() == "not a ModelInferRequest: a raw_input_contents record runs past the " \
+                                          "message's end"
+        stream = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
+        (answer,) = list(stream(iter([cut[:-1]]), timeout=60))
+    reply = service_pb2.ModelStreamInferResponse.FromString(answer)
+    assert reply.error_message.startswith("not a ModelInferRequest") and not reply.infer_response.outputs
+
+
 def test_compressed_bodies_are_decoded_or_refused(triton) -> None:
     client = _http(triton)
     for algorithm in ("gzip", "deflate"):

@@ -11,6 +11,7 @@ from tritonclient.utils import serialize_byte_tensor
 
 from dilu.spec import SpecModel, TensorSpec
 from gateway.v2.grpc_service import decode
+from gateway.v2.grpc_wire import read_request
 from gateway.v2.inference import Model, ProtocolError, Result
 from gateway.v2.rest_wire import OutputChoice, decode_request, encode_response
 from gateway.v2.tensors import TensorError, check_header, from_binary, from_handler, from_json, to_binary, to_handler
@@ -98,12 +99,12 @@ def test_grpc_typed_contents_are_accepted_like_raw_ones() -> None:
     words.contents.bytes_contents.extend([b"a", b"b"])
     counts = request.inputs.add(name="counts", datatype="INT32", shape=[2, 1])
     counts.contents.int_contents.extend([7, 8])
-    inference = decode(MODEL, request)
+    inference = decode(MODEL, read_request(request.SerializeToString()))
     assert to_handler(WORDS, inference.inputs["words"]) == ["a", "b"]
     assert inference.inputs["counts"].tolist() == [[7], [8]] and inference.outputs is None
     request.raw_input_contents.append(b"\0")
     with pytest.raises(ProtocolError, match="raw_input_contents holds 1 tensors for 2 inputs"):
-        decode(MODEL, request)
+        decode(MODEL, read_request(request.SerializeToString()))
 
 
 FLOATS = TensorSpec(name="x", datatype="FP32", shape=[-1, -1])
