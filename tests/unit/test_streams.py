@@ -176,7 +176,7 @@ async def test_a_stream_whose_caller_reads_nothing_is_ended_and_its_chunks_dropp
         await _until(lambda: stalled.full)
         now[0] += 29.0
         runner.submit({}).cancel()          # wakes the runner: not yet stalled
-        await _until(lambda: runner._waiting.empty())
+        await _until(lambda: runner.queued() == 0)
         assert runner.stalled == 0 and stalled.chunks_made == MAX_WAITING_CHUNKS
         now[0] += 1.0
         runner.submit({}).cancel()
@@ -184,6 +184,35 @@ async def test_a_stream_whose_caller_reads_nothing_is_ended_and_its_chunks_dropp
         with pytest.raises(BatchError, match="read none of its last 64 chunks for 30 s") as ended:
             await _collect(stalled)
         assert ended.value.status == 504, "what it held is dropped: the error comes first"
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_steps_go_on_while_the_event_loop_is_busy_and_their_chunks_arrive_in_order() -> None:
+    class Signalling(Endless):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ten_steps = threading.Event()
+
+        def step(self, states: list[dict]) -> list:
+            chunks = super().step(states)
+            if len(self.batches) == 10:
+                self.ten_steps.set()
+            return chunks
+
+    handler = Signalling()
+    runner = StreamRunner(handler, max_batch_size=1)
+    task = asyncio.create_task(runner.run())
+    try:
+        stream = runner.submit({})
+        await _until(lambda: stream.chunks_made >= 1)
+        # The loop is held here, sending nothing: the handler's thread still steps.
+        assert handler.ten_steps.wait(timeout=60), "the next step waited for the event loop"
+        reader = stream.chunks()
+        assert [await anext(reader) for _ in range(10)] == list(range(1, 11))
+        stream.cancel()
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -7,7 +7,8 @@ thread); then it calls ``step`` once for all of them. Each result is that reques
 or ``dilu.Last(chunk)`` for its final one, after which the request leaves the batch. So a
 request that arrives while a generation runs joins it at the next step (iteration-level
 batching) instead of waiting for the batch to finish, and a caller who leaves frees its slot
-within one step.
+within one step. The loop of steps runs on the handler's thread, not the event loop: a step
+follows the last at once, while the event loop sends the last one's chunks.
 
 A ``start`` that raises fails that request only; a ``step`` that raises fails every request in
 the batch (a step is one call for all of them, so there is no telling which one broke it).
@@ -23,7 +24,9 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -45,14 +48,18 @@ def is_streaming(handler: Any) -> bool:
 
 @dataclass
 class Stream:
-    """One request's chunks as they are made; ``cancel()`` when its caller leaves."""
+    """One request's chunks as they are made; ``cancel()`` when its caller leaves.
+
+    The runner's thread makes its chunks and counts them (``chunks_made``); they reach its
+    queue on the event loop, where its caller reads them (``chunks_read``)."""
 
     submitted: float = field(default_factory=time.perf_counter)
     cancelled: bool = False
     chunks_made: int = 0
+    chunks_read: int = 0
     failure: BatchError | None = None     # set when it ended in an error before any chunk
     batch_sizes: list[int] = field(default_factory=list)
-    full_since: float | None = None       # monotonic time its caller last left MAX_WAITING_CHUNKS unread
+    full_since: float | None = None       # the runner's clock when it last found the stream full
     on_read: Callable[[], None] = lambda: None    # its runner's wake-up: a full stream has room again
     _queue: asyncio.Queue = field(default_factory=asyncio.Queue)
 
@@ -62,14 +69,11 @@ class Stream:
     @property
     def full(self) -> bool:
         """Whether its caller has left as many chunks unread as a stream may hold."""
-        return self._queue.qsize() >= MAX_WAITING_CHUNKS
+        return self.chunks_made - self.chunks_read >= MAX_WAITING_CHUNKS
 
-    def put(self, chunk: Any, now: float) -> None:
-        """Queues its next chunk, made at ``now`` (the runner's clock)."""
-        self.chunks_made += 1
+    def put(self, chunk: Any) -> None:
+        """Queues a chunk already counted in ``chunks_made`` (on the event loop)."""
         self._queue.put_nowait(chunk)
-        if self.full and self.full_since is None:
-            self.full_since = now
 
     def end(self, error: BaseException | None = None, drop_waiting: bool = False) -> None:
         """Its last item: the end, or ``error``; ``drop_waiting``: the chunks not yet read go."""
@@ -88,18 +92,28 @@ class Stream:
         """The chunks until the last; a failure is raised as ``BatchError``."""
         while True:
             item = await self._queue.get()
-            if self.full_since is not None and not self.full:
-                self.full_since = None
-                self.on_read()
             if item is _END:
                 return
             if isinstance(item, BatchError):
                 raise item
+            was_full = self.full
+            self.chunks_read += 1
+            if was_full:
+                self.on_read()
             yield item
 
 
+# What the runner's thread hands the event loop after a step: (stream, CHUNK, a chunk),
+# (stream, END, None), (stream, FAILED, the error that ends it) or (stream, STALLED, the error:
+# its waiting chunks are dropped first).
+CHUNK, END, FAILED, STALLED = range(4)
+Delivery = tuple[Stream, int, Any]
+
+
 class StreamRunner:
-    """Runs a streaming handler's batch, one step at a time, on ``executor`` (one thread)."""
+    """Runs a streaming handler's batch on a thread of its own (``executor``'s, one thread),
+    step after step: the next step does not wait for the event loop to send the last one's
+    chunks, and the loop is woken once per step to send them all."""
 
     def __init__(self, handler: Any, *, max_batch_size: int, executor: Executor | None = None,
                  on_step: Callable[[int], None] | None = None, stall_s: float = 30.0,
@@ -108,71 +122,91 @@ class StreamRunner:
         self.failures = HandlerFailures()
         self._max = max_batch_size
         self._executor = executor
-        self._waiting: asyncio.Queue[tuple[Stream, Any]] = asyncio.Queue()
+        self._waiting: deque[tuple[Stream, Any]] = deque()    # appended on the loop, taken by the thread
         self._on_step = on_step or (lambda _size: None)
         self._stall_s = stall_s
         self._clock = clock
-        self._wake = asyncio.Event()     # a full stream was read, or a request arrived
+        self._wake = threading.Event()   # a full stream was read, a request arrived, or the runner stops
+        self._stopping = False
         self.stalled = 0                 # streams ended because their callers stopped reading
 
     def queued(self) -> int:
         """Streams waiting for a slot in the running batch."""
-        return self._waiting.qsize()
+        return len(self._waiting)
 
     def hand_over(self) -> int:
         """Ends every stream still waiting for a slot with ``HandedOver`` (the instance is
         stopping): before its first chunk, so the gateway sends it to another instance. The
-        running streams go on to their end. Returns how many."""
+        running streams go on to their end. Returns how many. On the event loop."""
         count = 0
-        while not self._waiting.empty():
-            stream, _ = self._waiting.get_nowait()
+        while True:
+            try:
+                stream, _ = self._waiting.popleft()
+            except IndexError:
+                return count
             if not stream.cancelled:
                 stream.end(HandedOver())
                 count += 1
-        return count
 
     def submit(self, request: Any) -> Stream:
         stream = Stream(on_read=self._wake.set)
-        self._waiting.put_nowait((stream, request))
+        self._waiting.append((stream, request))
         self._wake.set()
         return stream
 
     async def run(self) -> None:
-        """Serves until cancelled."""
+        """Serves until cancelled (the step in progress then finishes, and the thread ends)."""
         loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._executor, self._serve, loop)
+        finally:
+            self._stopping = True
+            self._wake.set()
+
+    def _serve(self, loop: asyncio.AbstractEventLoop) -> None:
+        def deliver(items: list[Delivery]) -> None:
+            if items:
+                loop.call_soon_threadsafe(_deliver, items)
+
         running: list[tuple[Stream, Any]] = []
-        while True:
+        while not self._stopping:
+            self._wake.clear()    # before looking: a wake-up from here on is not lost
+            delivered: list[Delivery] = []
             running = [(stream, state) for stream, state in running if not stream.cancelled]
-            if not running:
-                running += await self._admit(loop, [await self._waiting.get()])
-            arrivals = []
-            while len(running) + len(arrivals) < self._max and not self._waiting.empty():
-                arrivals.append(self._waiting.get_nowait())
-            running += await self._admit(loop, arrivals)
-            running = self._end_stalled(running)
+            while len(running) < self._max:
+                try:
+                    arrival = self._waiting.popleft()
+                except IndexError:    # none, or hand_over took the last meanwhile
+                    break
+                running += self._admit(arrival, delivered)
+            running = self._end_stalled(running, delivered)
             ready = [pair for pair in running if not pair[0].full]
             if ready:
-                held = [pair for pair in running if pair[0].full]   # before the step: a read meanwhile frees one
-                running = await self._step(loop, ready) + held
-            elif running:   # every caller has its fill unread: wait for one to read, or to stall
-                self._wake.clear()
-                try:
-                    async with asyncio.timeout(self._next_stall(running)):
-                        await self._wake.wait()
-                except TimeoutError:
-                    pass
+                held = [pair for pair in running if pair[0].full]
+                running = self._step(ready, delivered) + held
+                deliver(delivered)
+                continue
+            deliver(delivered)
+            # Nothing to step: wait for a request, a read, or the first full stream to stall.
+            self._wake.wait(self._next_stall(running) if running else None)
 
-    def _end_stalled(self, running: list[tuple[Stream, Any]]) -> list[tuple[Stream, Any]]:
+    def _end_stalled(self, running: list[tuple[Stream, Any]],
+                     delivered: list[Delivery]) -> list[tuple[Stream, Any]]:
         """Ends the streams whose callers read nothing for ``stall_s``; the others go on."""
         now, still = self._clock(), []
         for stream, state in running:
+            if not stream.full:
+                stream.full_since = None
+            elif stream.full_since is None:
+                stream.full_since = now
             if stream.full_since is not None and now - stream.full_since >= self._stall_s:
                 self.stalled += 1
                 print(f"dilu: a stream's caller read none of its last {MAX_WAITING_CHUNKS} chunks for "
                       f"{self._stall_s:g} s: stream ended", file=sys.stderr, flush=True)
                 stream.cancel()
-                stream.end(BatchError(f"the stream's caller read none of its last {MAX_WAITING_CHUNKS} chunks for "
-                                      f"{self._stall_s:g} s: ended", status=504), drop_waiting=True)
+                delivered.append((stream, STALLED, BatchError(f"the stream's caller read none of its last "
+                                                              f"{MAX_WAITING_CHUNKS} chunks for {self._stall_s:g} s: "
+                                                              "ended", status=504)))
             else:
                 still.append((stream, state))
         return still
@@ -183,48 +217,57 @@ class StreamRunner:
         return max(0.0, min(stream.full_since + self._stall_s - now for stream, _ in running
                             if stream.full_since is not None))
 
-    async def _admit(self, loop: asyncio.AbstractEventLoop,
-                     arrivals: list[tuple[Stream, Any]]) -> list[tuple[Stream, Any]]:
-        admitted = []
-        for stream, request in arrivals:
-            if stream.cancelled:
-                continue
-            try:
-                state = await loop.run_in_executor(self._executor, self._handler.start, request)
-            except Exception as exc:  # noqa: BLE001 - the handler's refusal is this request's answer
-                self.failures.failed(exc, "start")
-                stream.end(exc)
-                continue
-            admitted.append((stream, state))
-        return admitted
+    def _admit(self, arrival: tuple[Stream, Any], delivered: list[Delivery]) -> list[tuple[Stream, Any]]:
+        stream, request = arrival
+        if stream.cancelled:
+            return []
+        try:
+            return [(stream, self._handler.start(request))]
+        except Exception as exc:  # noqa: BLE001 - the handler's refusal is this request's answer
+            self.failures.failed(exc, "start")
+            delivered.append((stream, FAILED, exc))
+            return []
 
-    async def _step(self, loop: asyncio.AbstractEventLoop,
-                    running: list[tuple[Stream, Any]]) -> list[tuple[Stream, Any]]:
+    def _step(self, running: list[tuple[Stream, Any]], delivered: list[Delivery]) -> list[tuple[Stream, Any]]:
         states = [state for _, state in running]
         try:
-            chunks = await loop.run_in_executor(self._executor, self._handler.step, states)
+            chunks = self._handler.step(states)
             if not isinstance(chunks, (list, tuple)) or len(chunks) != len(states):
                 got = len(chunks) if isinstance(chunks, (list, tuple)) else type(chunks).__name__
                 raise BatchError(f"step() must return a list of {len(states)} chunks, got {got}")
         except Exception as exc:  # noqa: BLE001 - a failed step fails the requests that were in it
             self.failures.failed(exc, "step")
-            for stream, _ in running:
-                stream.end(exc)
+            delivered.extend((stream, FAILED, exc) for stream, _ in running)
             return []
         self._on_step(len(running))
-        still, now = [], self._clock()
+        still = []
         for (stream, state), chunk in zip(running, chunks, strict=True):
             stream.batch_sizes.append(len(running))
             if isinstance(chunk, InputError):
-                stream.end(chunk)
-            elif isinstance(chunk, Last):
-                if chunk.chunk is not None:
-                    stream.put(chunk.chunk, now)
-                stream.end()
+                delivered.append((stream, FAILED, chunk))
+                continue
+            last = isinstance(chunk, Last)
+            if last:
+                chunk = chunk.chunk
+            if chunk is not None or not last:
+                stream.chunks_made += 1
+                delivered.append((stream, CHUNK, chunk))
+            if last:
+                delivered.append((stream, END, None))
             else:
-                stream.put(chunk, now)
                 still.append((stream, state))
         return still
+
+
+def _deliver(items: list[Delivery]) -> None:
+    """Hands a step's chunks and endings to their streams, on the event loop."""
+    for stream, kind, item in items:
+        if kind == CHUNK:
+            stream.put(item)
+        elif kind == END:
+            stream.end()
+        else:
+            stream.end(item, drop_waiting=kind == STALLED)
 
 
 async def whole_answer(handler: Any, stream: Stream) -> Any:
