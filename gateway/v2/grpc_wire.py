@@ -26,6 +26,9 @@ SERVICE = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 RAW_INPUTS = service_pb2.ModelInferRequest.DESCRIPTOR.fields_by_name["raw_input_contents"].number
 RAW_OUTPUTS = service_pb2.ModelInferResponse.DESCRIPTOR.fields_by_name["raw_output_contents"].number
 _LENGTH_DELIMITED = 2
+# The scan runs in Python on the event loop: a bound on its work, far above what a request
+# holds (each input, output, parameter and raw tensor is one top-level field).
+MAX_FIELDS = 4096
 
 
 @dataclass
@@ -75,7 +78,11 @@ def _split(data: bytes) -> tuple[bytes, list[memoryview]]:
     raw: list[memoryview] = []
     position = start = 0
     end = len(data)
+    fields = 0
     while position < end:
+        fields += 1
+        if fields > MAX_FIELDS:
+            raise ValueError(f"more than {MAX_FIELDS} fields at its top level")
         tag_at = position
         tag, position = _varint(data, position)
         kind = tag & 7

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2
 
-from gateway.v2.grpc_wire import SERVICE, InferResponse, method_handlers, read_request, write_response
+from gateway.v2.grpc_wire import MAX_FIELDS, SERVICE, InferResponse, method_handlers, read_request, write_response
 
 
 def _request(*tensors: bytes) -> service_pb2.ModelInferRequest:
@@ -53,6 +53,13 @@ def test_raw_inputs_are_found_wherever_they_lie_in_the_message() -> None:
 def test_a_malformed_request_is_an_error_not_an_exception(data: bytes, why: str) -> None:
     request = read_request(data)
     assert request.error is not None and why in request.error and request.raw == []
+
+
+def test_a_request_of_too_many_fields_is_refused_before_it_is_scanned_through() -> None:
+    crowded = service_pb2.ModelInferRequest(outputs=[{"name": "y"}] * MAX_FIELDS).SerializeToString()
+    assert read_request(crowded).error is None
+    request = read_request(crowded + b"\x1a\x00" * 1_000_000)      # a million empty ids
+    assert request.error == f"not a ModelInferRequest: more than {MAX_FIELDS} fields at its top level"
 
 
 def test_a_response_reads_back_as_protobuf_wrote_it_with_its_raw_outputs() -> None:
