@@ -59,7 +59,8 @@ class Stream:
     chunks_read: int = 0
     failure: BatchError | None = None     # set when it ended in an error before any chunk
     batch_sizes: list[int] = field(default_factory=list)
-    full_since: float | None = None       # the runner's clock when it last found the stream full
+    full_since: float | None = None       # the runner's clock when it became full, unread since
+    full_at_read: int = 0                 # chunks_read then (the runner's thread alone writes these two)
     on_read: Callable[[], None] = lambda: None    # its runner's wake-up: a full stream has room again
     _queue: asyncio.Queue = field(default_factory=asyncio.Queue)
 
@@ -87,6 +88,14 @@ class Stream:
         if self.chunks_made == 0:
             self.failure = failure
         self._queue.put_nowait(failure)
+
+    def mark_full(self, now: float) -> None:
+        """Starts its stall clock at ``now`` if it has become full, or was read since it last
+        did; stops it if it is not full. On the runner's thread."""
+        if not self.full:
+            self.full_since = None
+        elif self.full_since is None or self.full_at_read != self.chunks_read:
+            self.full_since, self.full_at_read = now, self.chunks_read
 
     async def chunks(self) -> AsyncIterator[Any]:
         """The chunks until the last; a failure is raised as ``BatchError``."""
@@ -195,10 +204,7 @@ class StreamRunner:
         """Ends the streams whose callers read nothing for ``stall_s``; the others go on."""
         now, still = self._clock(), []
         for stream, state in running:
-            if not stream.full:
-                stream.full_since = None
-            elif stream.full_since is None:
-                stream.full_since = now
+            stream.mark_full(now)
             if stream.full_since is not None and now - stream.full_since >= self._stall_s:
                 self.stalled += 1
                 print(f"dilu: a stream's caller read none of its last {MAX_WAITING_CHUNKS} chunks for "
@@ -240,7 +246,8 @@ class StreamRunner:
             delivered.extend((stream, FAILED, exc) for stream, _ in running)
             return []
         self._on_step(len(running))
-        still = []
+        # Read before the counts rise: whoever sees a stream full sees it full since this time.
+        now, still = self._clock(), []
         for (stream, state), chunk in zip(running, chunks, strict=True):
             stream.batch_sizes.append(len(running))
             if isinstance(chunk, InputError):
@@ -256,6 +263,7 @@ class StreamRunner:
                 delivered.append((stream, END, None))
             else:
                 still.append((stream, state))
+            stream.mark_full(now)
         return still
 
 
