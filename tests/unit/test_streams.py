@@ -217,3 +217,24 @@ async def test_steps_go_on_while_the_event_loop_is_busy_and_their_chunks_arrive_
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def test_a_caller_leaving_a_full_batch_lets_the_next_request_in_at_once() -> None:
+    from worker.instance.streams import MAX_WAITING_CHUNKS
+
+    runner = StreamRunner(Endless(), max_batch_size=2, stall_s=3600.0)
+    task = asyncio.create_task(runner.run())
+    try:
+        first, second = runner.submit({}), runner.submit({})
+        await _until(lambda: first.full and second.full)   # nobody reads: the runner waits
+        waiting = runner.submit({})
+        await _until(lambda: not runner._wake.is_set())      # the runner has seen it: no slot, so it waits
+        first.cancel()
+        await _until(lambda: waiting.chunks_made > 0)        # not after the hour's stall
+        assert second.chunks_made == MAX_WAITING_CHUNKS
+        second.cancel()
+        waiting.cancel()
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -61,11 +61,12 @@ class Stream:
     batch_sizes: list[int] = field(default_factory=list)
     full_since: float | None = None       # the runner's clock when it became full, unread since
     full_at_read: int = 0                 # chunks_read then (the runner's thread alone writes these two)
-    on_read: Callable[[], None] = lambda: None    # its runner's wake-up: a full stream has room again
+    on_read: Callable[[], None] = lambda: None    # its runner's wake-up: room again, or a slot freed
     _queue: asyncio.Queue = field(default_factory=asyncio.Queue)
 
     def cancel(self) -> None:
         self.cancelled = True
+        self.on_read()    # its slot is free: a runner waiting on full streams admits the next
 
     @property
     def full(self) -> bool:
