@@ -52,13 +52,19 @@ async def _collect(stream) -> list:
 
 
 @contextlib.asynccontextmanager
-async def _running(handler: Counter, max_batch_size: int) -> AsyncIterator[StreamRunner]:
-    runner = StreamRunner(handler, max_batch_size=max_batch_size)
+async def _serving(runner: StreamRunner) -> AsyncIterator[StreamRunner]:
+    """The runner, running until the block ends (its thread then stops)."""
     task = asyncio.create_task(runner.run())
     try:
         yield runner
     finally:
         task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def _running(handler: Counter, max_batch_size: int) -> contextlib.AbstractAsyncContextManager[StreamRunner]:
+    return _serving(StreamRunner(handler, max_batch_size=max_batch_size))
 
 
 async def test_a_request_joins_the_running_generation_at_its_next_step_and_leaves_when_done() -> None:
@@ -143,9 +149,7 @@ async def test_an_unread_stream_leaves_the_batch_once_its_fill_waits_and_rejoins
     from worker.instance.streams import MAX_WAITING_CHUNKS
 
     handler = Endless()
-    runner = StreamRunner(handler, max_batch_size=2)
-    task = asyncio.create_task(runner.run())
-    try:
+    async with _serving(StreamRunner(handler, max_batch_size=2)) as runner:
         unread, read = runner.submit({}), runner.submit({})
         got = []
         async for chunk in read.chunks():
@@ -159,19 +163,13 @@ async def test_an_unread_stream_leaves_the_batch_once_its_fill_waits_and_rejoins
         await _until(lambda: unread.chunks_made > MAX_WAITING_CHUNKS)    # read, it is stepped again
         unread.cancel()
         read.cancel()
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 async def test_a_stream_whose_caller_reads_nothing_is_ended_and_its_chunks_dropped() -> None:
     from worker.instance.streams import MAX_WAITING_CHUNKS
 
     now = [100.0]
-    runner = StreamRunner(Endless(), max_batch_size=2, stall_s=30.0, clock=lambda: now[0])
-    task = asyncio.create_task(runner.run())
-    try:
+    async with _serving(StreamRunner(Endless(), max_batch_size=2, stall_s=30.0, clock=lambda: now[0])) as runner:
         stalled = runner.submit({})
         await _until(lambda: stalled.full)
         now[0] += 29.0
@@ -184,10 +182,6 @@ async def test_a_stream_whose_caller_reads_nothing_is_ended_and_its_chunks_dropp
         with pytest.raises(BatchError, match="read none of its last 64 chunks for 30 s") as ended:
             await _collect(stalled)
         assert ended.value.status == 504, "what it held is dropped: the error comes first"
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 async def test_steps_go_on_while_the_event_loop_is_busy_and_their_chunks_arrive_in_order() -> None:
@@ -203,9 +197,7 @@ async def test_steps_go_on_while_the_event_loop_is_busy_and_their_chunks_arrive_
             return chunks
 
     handler = Signalling()
-    runner = StreamRunner(handler, max_batch_size=1)
-    task = asyncio.create_task(runner.run())
-    try:
+    async with _serving(StreamRunner(handler, max_batch_size=1)) as runner:
         stream = runner.submit({})
         await _until(lambda: stream.chunks_made >= 1)
         # The loop is held here, sending nothing: the handler's thread still steps.
@@ -213,18 +205,12 @@ async def test_steps_go_on_while_the_event_loop_is_busy_and_their_chunks_arrive_
         reader = stream.chunks()
         assert [await anext(reader) for _ in range(10)] == list(range(1, 11))
         stream.cancel()
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 async def test_a_caller_leaving_a_full_batch_lets_the_next_request_in_at_once() -> None:
     from worker.instance.streams import MAX_WAITING_CHUNKS
 
-    runner = StreamRunner(Endless(), max_batch_size=2, stall_s=3600.0)
-    task = asyncio.create_task(runner.run())
-    try:
+    async with _serving(StreamRunner(Endless(), max_batch_size=2, stall_s=3600.0)) as runner:
         first, second = runner.submit({}), runner.submit({})
         await _until(lambda: first.full and second.full)   # nobody reads: the runner waits
         waiting = runner.submit({})
@@ -234,7 +220,3 @@ async def test_a_caller_leaving_a_full_batch_lets_the_next_request_in_at_once() 
         assert second.chunks_made == MAX_WAITING_CHUNKS
         second.cancel()
         waiting.cancel()
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task

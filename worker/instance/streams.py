@@ -174,10 +174,6 @@ class StreamRunner:
             self._wake.set()
 
     def _serve(self, loop: asyncio.AbstractEventLoop) -> None:
-        def deliver(items: list[Delivery]) -> None:
-            if items:
-                loop.call_soon_threadsafe(_deliver, items)
-
         running: list[tuple[Stream, Any]] = []
         while not self._stopping:
             self._wake.clear()    # before looking: a wake-up from here on is not lost
@@ -194,11 +190,10 @@ class StreamRunner:
             if ready:
                 held = [pair for pair in running if pair[0].full]
                 running = self._step(ready, delivered) + held
-                deliver(delivered)
-                continue
-            deliver(delivered)
-            # Nothing to step: wait for a request, a read, or the first full stream to stall.
-            self._wake.wait(self._next_stall(running) if running else None)
+            if delivered:
+                loop.call_soon_threadsafe(_deliver, delivered)
+            if not ready:   # nothing to step: wait for a request, a read, or the first full stream to stall
+                self._wake.wait(self._next_stall(running) if running else None)
 
     def _end_stalled(self, running: list[tuple[Stream, Any]],
                      delivered: list[Delivery]) -> list[tuple[Stream, Any]]:
