@@ -1,8 +1,8 @@
 """Forwarding an invocation to an instance over pooled keep-alive HTTP/1.1 connections.
 
 The gateway's busiest code: every request crosses it twice. It speaks only what Dilu's own
-instances answer (uvicorn's HTTP/1.1: a status, headers, a body by length or in chunks), parsed
-by httptools (the parser uvicorn uses), over connections kept per instance. A general client
+instances answer (worker/instance/http_protocol.py: a status, headers, a body by length or in
+chunks), parsed by httptools, over connections kept per instance. A general client
 costs more per request than the proxying itself: against a no-op instance, aiohttp's session
 added 20-40 us of Python per request, and httpx's pool collapsed under concurrency (about 330
 req/s through it, 5,800 through aiohttp, at 32 callers). See bench/gateway_overhead.py.

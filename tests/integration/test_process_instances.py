@@ -338,7 +338,7 @@ async def test_spares_preload_a_library_only_while_a_function_that_imports_it_ru
         await agent.shutdown()
 
 
-SERVER_MODULE = "uvicorn.protocols.http.httptools_impl"    # imported by every spare's zygote
+SERVER_MODULE = "worker.instance.http_protocol"    # imported by every spare's zygote
 
 
 async def test_spares_are_forked_from_the_zygote_and_serve_like_any_instance(tmp_path: Path) -> None:

@@ -90,7 +90,11 @@ def create_app(state: RuntimeState, lifespan: Callable[[Starlette], AbstractAsyn
                                           "step()): ask for a whole answer, without Accept: text/event-stream or "
                                           "application/x-ndjson"}, status_code=400,
                                 headers={NOT_STREAMING_HEADER: "1"})
-        body = await request.body()
+        try:
+            body = await _whole_body(request)
+        except CallerLeft:
+            state.metrics.abandoned += 1
+            return Response(status_code=499)
         framed = request.headers.get("content-type") == TENSOR_FRAME_TYPE
         try:
             payload = state.codec.read_frame(request.headers.get(TENSORS_HEADER), body) if framed else loads(body)
@@ -177,6 +181,19 @@ async def _unless_caller_leaves(request: Request, work: Awaitable[T], on_leave: 
     if on_leave is not None:
         on_leave()
     raise CallerLeft()
+
+
+async def _whole_body(request: Request) -> bytes | bytearray:
+    """The request's body as the server read it: InstanceHttp hands it over in one message, in
+    the buffer the socket wrote into (Starlette's ``Request.body`` would join it into a copy)."""
+    pieces: list[bytes | bytearray] = []
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            raise CallerLeft()
+        pieces.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
 
 async def _disconnected(request: Request) -> None:
@@ -280,12 +297,16 @@ async def _load_then_serve_batches(state: RuntimeState) -> None:
 def _uvicorn_config(app: Starlette) -> uvicorn.Config:
     import uvicorn
 
+    from worker.instance.http_protocol import InstanceHttp
+
+    # InstanceHttp reads a body into one buffer, not uvicorn's three copies (its docstring).
     # No websockets (instances speak plain HTTP): uvicorn would otherwise import a websocket
     # implementation on every start.
     # Idle connections outlive the gateway's pool (60 s), so it never reuses one being closed.
     # On SIGTERM, requests and streams in flight finish for as long as the worker lets the
     # instance live (its drain: dilu.config's drain_s, a function's max_stream_s).
-    return uvicorn.Config(app, log_level="warning", access_log=False, ws="none", timeout_graceful_shutdown=None,
+    return uvicorn.Config(app, log_level="warning", access_log=False, ws="none", http=InstanceHttp,
+                          timeout_graceful_shutdown=None,
                           timeout_keep_alive=75)
 
 
