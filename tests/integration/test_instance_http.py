@@ -4,6 +4,7 @@ on a Unix socket, spoken to byte by byte and by http.client."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import http.client
 import socket
 from collections.abc import AsyncIterator
@@ -62,13 +63,19 @@ def _app(seen: Seen):
 
 
 @pytest.fixture
-async def served(tmp_path: Path) -> AsyncIterator[tuple[str, Seen, uvicorn.Server]]:
+def prefix() -> str:
+    """The instance's key route (none unless a test names one)."""
+    return ""
+
+
+@pytest.fixture
+async def served(tmp_path: Path, prefix: str) -> AsyncIterator[tuple[str, Seen, uvicorn.Server]]:
     seen = Seen()
     path = str(tmp_path / "instance.sock")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
-    config = uvicorn.Config(_app(seen), http=InstanceHttp, ws="none", log_level="warning", timeout_keep_alive=75,
-                            timeout_graceful_shutdown=None)
+    config = uvicorn.Config(_app(seen), http=functools.partial(InstanceHttp, prefix=prefix), ws="none",
+                            log_level="warning", timeout_keep_alive=75, timeout_graceful_shutdown=None)
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[listener]))
     await _started(server)
@@ -244,3 +251,22 @@ async def test_a_connection_idle_past_the_keep_alive_time_is_closed(tmp_path: Pa
         writer.close()
         server.should_exit = True
         await task
+
+
+@pytest.mark.parametrize("prefix", ["/i/the-key"])
+async def test_without_the_key_route_a_request_is_refused_before_its_body(served) -> None:
+    path, seen, _ = served
+    reader, writer = await _connect(path)
+    writer.write(_post("/i/the-key/infer", b"ok"))
+    await writer.drain()
+    assert (await _answer(reader))[2] == b"POST 2 /i/the-key/infer"
+    writer.close()
+    for wrong in (b"/i/the-kez/infer", b"/i/the-key-longer/infer", b"/infer"):
+        reader, writer = await _connect(path)
+        # The length of a body never sent: the refusal comes without waiting for it.
+        writer.write(b"POST %s HTTP/1.1\r\nhost: i\r\ncontent-length: 3000000000\r\n\r\n" % wrong)
+        await writer.drain()
+        answer = await reader.read()
+        assert answer.startswith(b"HTTP/1.1 404 "), (wrong, answer[:60])
+        writer.close()
+    assert len(seen.bodies) == 1, "the app saw only the request under its key"

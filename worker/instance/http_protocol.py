@@ -9,7 +9,10 @@ about 5 ms over a Unix socket, 1.4 ms with this protocol. See docs/DECISIONS.md.
 It speaks what the gateway, the worker and a scraper send an instance: requests with a
 ``content-length`` or no body, kept alive, one at a time on a connection (a pipelined request
 waits for the answer before it). A chunked request body is refused (411), as are heads over
-64 KiB (431), bodies over ``MAX_BODY_BYTES`` (413) and unparsable requests (400).
+64 KiB (431), bodies over ``MAX_BODY_BYTES`` (413) and unparsable requests (400). With a
+``prefix`` (the instance's key route, ``dilu.instance_protocol.route_prefix``), a request for any
+other path is answered 404 before its body is read: whoever lacks the key cannot make the
+instance set aside memory for a body by naming its length.
 
 uvicorn's server keeps what it does around connections: the listeners, the lifespan, signals
 and draining on SIGTERM. Its contract with a protocol: built as
@@ -21,6 +24,7 @@ connection and lets a busy one finish its answer.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import http
 import sys
 import traceback
@@ -145,7 +149,8 @@ class InstanceHttp(asyncio.Protocol):
     """One connection to the instance (see the module's docstring)."""
 
     def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any],
-                 _loop: asyncio.AbstractEventLoop | None = None) -> None:
+                 _loop: asyncio.AbstractEventLoop | None = None, prefix: str = "") -> None:
+        self.prefix = prefix.encode("ascii")
         self.app = config.loaded_app
         self.root_path = config.root_path
         self.keep_alive_s = config.timeout_keep_alive
@@ -240,6 +245,9 @@ class InstanceHttp(asyncio.Protocol):
             return
         if not head.complete:
             self._refuse(400, "invalid HTTP request head")
+            return
+        if self.prefix and not _under(head.url, self.prefix):
+            self._refuse(404, "no such route")
             return
         fields = dict(head.headers)
         if b"transfer-encoding" in fields:
@@ -341,6 +349,12 @@ class InstanceHttp(asyncio.Protocol):
         """No request for ``timeout_keep_alive``, or one whose head or body stopped coming."""
         if self.exchange is None or self.body is not None:
             self.transport.close()
+
+
+def _under(url: bytes, prefix: bytes) -> bool:
+    """Whether ``url`` is ``prefix`` or below it (compared in constant time: the prefix holds a key)."""
+    start, rest = url[:len(prefix)], url[len(prefix):len(prefix) + 1]
+    return hmac.compare_digest(start, prefix) and rest in (b"", b"/", b"?")
 
 
 def _address(transport: asyncio.BaseTransport, which: str) -> tuple[str, int] | None:

@@ -294,7 +294,7 @@ async def _load_then_serve_batches(state: RuntimeState) -> None:
     await (state.streams or state.batcher).run()
 
 
-def _uvicorn_config(app: Starlette) -> uvicorn.Config:
+def _uvicorn_config(app: Starlette, prefix: str = "") -> uvicorn.Config:
     import uvicorn
 
     from worker.instance.http_protocol import InstanceHttp
@@ -305,8 +305,8 @@ def _uvicorn_config(app: Starlette) -> uvicorn.Config:
     # Idle connections outlive the gateway's pool (60 s), so it never reuses one being closed.
     # On SIGTERM, requests and streams in flight finish for as long as the worker lets the
     # instance live (its drain: dilu.config's drain_s, a function's max_stream_s).
-    return uvicorn.Config(app, log_level="warning", access_log=False, ws="none", http=InstanceHttp,
-                          timeout_graceful_shutdown=None,
+    return uvicorn.Config(app, log_level="warning", access_log=False, ws="none",
+                          http=functools.partial(InstanceHttp, prefix=prefix), timeout_graceful_shutdown=None,
                           timeout_keep_alive=75)
 
 
@@ -354,10 +354,11 @@ def serve(config: InstanceConfig, listener: socket.socket, assigned_at: float | 
             if runner is not None:
                 runner.hand_over()
 
-    app = create_app(state, lifespan, route_prefix(key))
+    prefix = route_prefix(key)
+    app = create_app(state, lifespan, prefix)
     # A socket object, not uvicorn's fd=: socket(fileno=...) detects the real family (fd= assumes
     # AF_UNIX, which leaves Nagle on for TCP and costs ~40 ms per response through delayed ACKs).
-    server = _prompt_server(_uvicorn_config(app), lambda: loops and loops[0].call_soon_threadsafe(hand_over))
+    server = _prompt_server(_uvicorn_config(app, prefix), lambda: loops and loops[0].call_soon_threadsafe(hand_over))
     # uvicorn drains requests in flight on SIGTERM, then raises the signal again under the
     # disposition it found: left at the default, that kills the process before the exit
     # handlers (the handler's own clean-up) run. Found as this handler, it exits through them.
