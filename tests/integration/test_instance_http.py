@@ -69,13 +69,19 @@ def prefix() -> str:
 
 
 @pytest.fixture
-async def served(tmp_path: Path, prefix: str) -> AsyncIterator[tuple[str, Seen, uvicorn.Server]]:
+def keep_alive_s() -> float:
+    """How long the server keeps an idle connection (long unless a test names a time)."""
+    return 75
+
+
+@pytest.fixture
+async def served(tmp_path: Path, prefix: str, keep_alive_s: float) -> AsyncIterator[tuple[str, Seen, uvicorn.Server]]:
     seen = Seen()
     path = str(tmp_path / "instance.sock")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     config = uvicorn.Config(_app(seen), http=functools.partial(InstanceHttp, prefix=prefix), ws="none",
-                            log_level="warning", timeout_keep_alive=75, timeout_graceful_shutdown=None)
+                            log_level="warning", timeout_keep_alive=keep_alive_s, timeout_graceful_shutdown=None)
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[listener]))
     await _started(server)
@@ -235,22 +241,15 @@ async def test_an_expect_100_continue_is_answered_before_the_body(served) -> Non
     writer.close()
 
 
-async def test_a_connection_idle_past_the_keep_alive_time_is_closed(tmp_path: Path) -> None:
-    path = str(tmp_path / "idle.sock")
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    server = uvicorn.Server(uvicorn.Config(_app(Seen()), http=InstanceHttp, ws="none", log_level="warning",
-                                           timeout_keep_alive=0.2, lifespan="off"))
-    task = asyncio.create_task(server.serve(sockets=[listener]))
-    await _started(server)
+@pytest.mark.parametrize("keep_alive_s", [0.2])
+async def test_a_connection_idle_past_the_keep_alive_time_is_closed(served) -> None:
+    path, _, _ = served
     async with asyncio.timeout(30):
         reader, writer = await _connect(path)
         writer.write(b"GET /half")       # a head that never ends
         await writer.drain()
         assert await reader.read() == b"", "closed by the instance, not left open"
         writer.close()
-        server.should_exit = True
-        await task
 
 
 @pytest.mark.parametrize("prefix", ["/i/the-key"])

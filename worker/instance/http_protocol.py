@@ -34,7 +34,7 @@ from typing import Any
 import httptools
 
 HEAD_LIMIT = 64 * 1024
-MAX_BODY_BYTES = 4 * 1024 ** 3   # above any invoke limit the gateway lets through (DILU_MAX_REQUEST_BYTES)
+MAX_BODY_BYTES = 4 * 1024 ** 3   # the instance's own bound; the gateway's (DILU_MAX_REQUEST_BYTES) is lower
 _HEAD_END = b"\r\n\r\n"
 
 
@@ -83,7 +83,7 @@ class _Exchange:
     async def receive(self) -> dict[str, Any]:
         if not self.body_given and not self.disconnected:
             self.body_given = True
-            # A bytearray, not bytes: the buffer the socket wrote into, which arrays are made on.
+            # A bytearray, not bytes: the one buffer the body was gathered in, which arrays are made on.
             return {"type": "http.request", "body": self.body, "more_body": False}
         await self.ended.wait()
         return {"type": "http.disconnect"}
@@ -159,7 +159,7 @@ class InstanceHttp(asyncio.Protocol):
         self.loop = _loop or asyncio.get_event_loop()
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self.head = bytearray()      # bytes not yet parsed: a head coming, or a pipelined request
-        self.body: bytearray | None = None    # set while a body is being read into it
+        self.body: bytearray | None = None    # set while a body is being gathered into it
         self.body_len = 0
         self.exchange: _Exchange | None = None
         self.reading_paused = False

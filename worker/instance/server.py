@@ -184,8 +184,8 @@ async def _unless_caller_leaves(request: Request, work: Awaitable[T], on_leave: 
 
 
 async def _whole_body(request: Request) -> bytes | bytearray:
-    """The request's body as the server read it: InstanceHttp hands it over in one message, in
-    the buffer the socket wrote into (Starlette's ``Request.body`` would join it into a copy)."""
+    """The request's body as the server gathered it: InstanceHttp hands it over in one message, in
+    one buffer (Starlette's ``Request.body`` would join it into a copy)."""
     pieces: list[bytes | bytearray] = []
     while True:
         message = await request.receive()
