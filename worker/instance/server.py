@@ -154,7 +154,7 @@ def create_app(state: RuntimeState, lifespan: Callable[[Starlette], AbstractAsyn
 class InferFirst:
     """ASGI: ``POST {prefix}/infer`` straight to its endpoint, every other request (and the
     lifespan) to ``app``. Starlette's middleware and routing layers cost a no-op inference about a
-    fifth of the instance's CPU; what they add there (a 500 for an error) the server does itself."""
+    sixth of the instance's Python time; what they add there (a 500 for an error) the server does itself."""
 
     def __init__(self, app: Starlette, infer_path: str, infer: Callable[[Request], Awaitable[Response]]) -> None:
         self.app = app
