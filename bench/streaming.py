@@ -2,10 +2,13 @@
 
 Starts `dilu up` (embedded default), deploys examples/gpt (one instance, batch of up to 32
 running streams) and opens 1, 8 and 32 concurrent streams of `--tokens` tokens each (server-sent
-events over one kept-alive connection per stream), several rounds per level. Prints time to
-first token and time between tokens (p50, p99) and total tokens/s; then the same generation
-called in-process, token by token, through the handler's own start()/step() with the same batch
-(no platform): the limit. Ratios are printed side by side.
+events over one kept-alive connection per stream), several rounds per level, through the gateway
+and straight at the instance's endpoint. Prints time to first token and time between tokens
+(p50, p99) and total tokens/s; then the same generation called in-process, token by token,
+through the handler's own start()/step() with the same batch (no platform): the limit. Ratios
+are printed side by side, and the platform's added time split into the instance's part and the
+gateway's. Each round repeats a level until it has at least 24 streams, so that time to first
+token at one stream is a median of enough samples to compare.
 
     python bench/streaming.py [--tokens 32] [--streams 1,8,32] [--rounds 3]
 
@@ -30,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.platform import Platform  # reuses the test harness that runs `dilu up`
+from tests.waiting import eventually
 
 PROMPT = "Once upon a time"
 
@@ -113,7 +117,10 @@ def main() -> None:
         assert platform.deploy_file(source / "model.yaml").status_code == 201
         platform.wait_ready("gpt")
         url = f"{platform.url}/v1/functions/gpt/invoke"
-        asyncio.run(level(url, 2, 4))     # warm the connection paths and the model
+        endpoint = eventually(lambda: platform.instances("gpt")[0]["endpoint"], what="the instance endpoint")
+        urls = {"platform": url, "instance": f"{endpoint}/infer"}
+        for warm in urls.values():     # warm the connection paths and the model
+            asyncio.run(level(warm, 2, 4))
         in_process(2, 4)
         print(f"streaming: examples/gpt, {args.tokens} tokens per stream, {args.rounds} rounds per level")
         print(f"{'streams':>7} {'path':>9} {'first p50':>10} {'first p99':>10} {'gap p50':>8} {'gap p99':>8} "
@@ -121,10 +128,11 @@ def main() -> None:
         single: dict[str, tuple[float, float, float]] = {}
         for streams in (int(n) for n in args.streams.split(",")):
             rows = {}
-            for path in ("platform", "in-process"):
+            repeats = max(1, -(-24 // streams))
+            for path in ("platform", "instance", "in-process"):
                 firsts, gaps, rates = [], [], []
-                for _ in range(args.rounds):
-                    f, g, r = (asyncio.run(level(url, streams, args.tokens)) if path == "platform"
+                for _ in range(args.rounds * repeats):
+                    f, g, r = (asyncio.run(level(urls[path], streams, args.tokens)) if path in urls
                                else in_process(streams, args.tokens))
                     firsts += f
                     gaps += g
@@ -138,6 +146,11 @@ def main() -> None:
             added_gap = rows["platform"][1] - rows["in-process"][1]
             print(f"{streams:>7} {'added':>9} first token +{added_first:.2f} ms, per token +{added_gap:.2f} ms; "
                   f"tokens/s {rows['platform'][2] / rows['in-process'][2]:.2f}x in-process")
+            print(f"{'':>7} {'of which':>9} the instance's first token "
+                  f"+{rows['instance'][0] - rows['in-process'][0]:.2f} ms, the gateway's "
+                  f"+{rows['platform'][0] - rows['instance'][0]:.2f} ms; per token "
+                  f"+{rows['instance'][1] - rows['in-process'][1]:.2f} and "
+                  f"+{rows['platform'][1] - rows['instance'][1]:.2f} ms")
             if streams == 1:
                 met = added_first <= 1.0 and added_gap <= 0.2
                 print(f"{'':>7} {'target':>9} first +1 ms, per token +0.2 ms: {'met' if met else 'NOT met'}")
