@@ -6,6 +6,9 @@ instance, starts nginx (one worker process, kept-alive upstream connections, no 
 front of that instance, then runs the same closed-loop load against the three URLs, taking turns
 round by round so machine noise hits them alike. Prints requests/s, p50 and p99 for each, what
 the gateway and nginx add at p50 over the instance, and the gateway's requests/s over nginx's.
+Beside each path's row, the CPU the `dilu up` process spent per request (user + system, read
+from /proc): on the gateway's row that is the gateway's cost, on the others what the controller
+and worker spend meanwhile.
 
     python bench/gateway_overhead.py [--seconds 5] [--rounds 2] [--clients 1,32] [--tcp-hop]
 
@@ -40,6 +43,12 @@ from tests.waiting import eventually
 BODY = json.dumps({"hello": "dilu"}).encode()
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU a process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="length of one measured round")
@@ -72,20 +81,25 @@ def main() -> None:
 
         print(f"gateway overhead: no-op function, {args.rounds} x {args.seconds:g}s rounds per path, paths "
               f"taking turns, {os.cpu_count()} CPUs")
-        print(f"{'clients':>7} {'path':>8} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'p50 added ms':>13}")
+        print(f"{'clients':>7} {'path':>8} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'p50 added ms':>13} "
+              f"{'platform CPU us/req':>20}")
+        pids = {path: (tcp_platform if path == "gw-tcp" else platform).role.process.pid for path in paths}
         for clients in (int(c) for c in args.clients.split(",")):
             samples: dict[str, list[float]] = {path: [] for path in paths}
             elapsed: dict[str, float] = dict.fromkeys(paths, 0.0)
+            spent: dict[str, float] = dict.fromkeys(paths, 0.0)
             for _ in range(args.rounds):
                 for path, url in paths.items():
-                    started = time.perf_counter()
+                    started, used = time.perf_counter(), cpu_seconds(pids[path])
                     samples[path] += asyncio.run(closed_loop(url, BODY, clients, args.seconds))
                     elapsed[path] += time.perf_counter() - started
+                    spent[path] += cpu_seconds(pids[path]) - used
             stats = {path: (len(samples[path]) / elapsed[path], percentile(samples[path], 0.5) * 1000,
                             percentile(samples[path], 0.99) * 1000) for path in paths}
             for path, (rps, p50, p99) in stats.items():
                 added = p50 - stats["direct"][1]
-                print(f"{clients:>7} {path:>8} {rps:>9.0f} {p50:>8.2f} {p99:>8.2f} {added:>+13.3f}")
+                cpu_us = spent[path] / len(samples[path]) * 1e6
+                print(f"{clients:>7} {path:>8} {rps:>9.0f} {p50:>8.2f} {p99:>8.2f} {added:>+13.3f} {cpu_us:>20.0f}")
             added = stats["gateway"][1] - stats["direct"][1]
             if "nginx" in stats:
                 kept = stats["gateway"][0] / stats["nginx"][0]

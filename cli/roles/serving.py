@@ -16,6 +16,8 @@ from typing import Any
 import uvicorn
 from starlette.types import ASGIApp
 
+from cli.roles.gathered_writes import GatheredWritesHttp
+
 log = logging.getLogger(__name__)
 OnReady = Callable[[str, str | None], Awaitable[None]]   # (HTTP URL, gRPC address or None)
 # Starts a server beside the HTTP one once that one is up: (its stop, its address).
@@ -73,7 +75,9 @@ class Server(uvicorn.Server):
 
 
 def http_server(app: ASGIApp, **options: Any) -> Server:
-    """A uvicorn server for ``app``, quiet (the roles log what matters themselves)."""
+    """A uvicorn server for ``app``, quiet (the roles log what matters themselves), whose
+    connections send an answer's head and body in one write (``GatheredWritesHttp``)."""
+    options.setdefault("http", GatheredWritesHttp)
     return Server(uvicorn.Config(app, log_level="warning", access_log=False, **options))
 
 
