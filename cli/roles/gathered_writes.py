@@ -4,9 +4,9 @@ uvicorn writes an answer's head when the app sends ``http.response.start`` and i
 app sends ``http.response.body``: two ``write`` calls, two segments, two wake-ups of the caller
 for every answer. On loopback a write costs as much as the rest of a forwarded request's Python
 (the kernel delivers to the reader inside it), so the gateway gathers what a connection is given
-in one turn of the loop and writes it once at the turn's end. An answer whose head and body are
-sent together, as the gateway's are, leaves in one write; a stream's pieces go out as they come,
-each at the end of the turn that made it.
+in one turn of the loop and writes it once: as soon as the answer is complete, or at the turn's
+end. An answer whose head and body are sent together, as the gateway's are, leaves in one write;
+a stream's pieces go out as they come, each at the end of the turn that made it.
 """
 
 from __future__ import annotations
@@ -25,19 +25,20 @@ class GatheredTransport:
     Everything that ends or hands over the connection (``close``, ``set_protocol``) sends what is
     gathered first; ``abort`` drops it, as the transport's own ``abort`` drops its buffer."""
 
-    __slots__ = ("_transport", "_loop", "_pending", "_size")
+    __slots__ = ("_transport", "_loop", "_pending", "_size", "_flushing")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport = transport
         self._loop = loop
         self._pending: list[bytes | bytearray | memoryview] = []
         self._size = 0
+        self._flushing: asyncio.Handle | None = None
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if not data:
             return
         if not self._pending:
-            self._loop.call_soon(self.flush)
+            self._flushing = self._loop.call_soon(self.flush)
         self._pending.append(data)
         self._size += len(data)
 
@@ -51,6 +52,9 @@ class GatheredTransport:
         if not pending:
             return
         self._pending, self._size = [], 0
+        if self._flushing is not None:
+            self._flushing.cancel()
+            self._flushing = None
         if self._transport.is_closing():
             return
         if len(pending) == 1:
@@ -66,6 +70,9 @@ class GatheredTransport:
 
     def abort(self) -> None:
         self._pending, self._size = [], 0
+        if self._flushing is not None:
+            self._flushing.cancel()
+            self._flushing = None
         self._transport.abort()
 
     def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
@@ -92,4 +99,9 @@ class GatheredWritesHttp(HttpToolsProtocol):
     """uvicorn's httptools protocol over a ``GatheredTransport``; otherwise unchanged."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(GatheredTransport(transport, self.loop))  # type: ignore[arg-type]
+        self.gathered = GatheredTransport(transport, self.loop)
+        super().connection_made(self.gathered)  # type: ignore[arg-type]
+
+    def on_response_complete(self) -> None:
+        self.gathered.flush()    # the answer is whole: out now, not after the rest of the turn
+        super().on_response_complete()
