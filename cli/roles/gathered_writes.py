@@ -17,6 +17,9 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 _JOIN_BELOW = 16384   # smaller writes are joined into one buffer; larger go as they are (writelines)
+# Past this much gathered, it goes at once: the transport then sees its buffer fill within the
+# turn and pauses the writer, as it would without gathering, so a slow reader bounds memory.
+_SEND_AT = 65536
 
 
 class GatheredTransport:
@@ -41,6 +44,8 @@ class GatheredTransport:
             self._flushing = self._loop.call_soon(self.flush)
         self._pending.append(data)
         self._size += len(data)
+        if self._size >= _SEND_AT:
+            self.flush()
 
     def writelines(self, pieces: list[bytes]) -> None:
         for piece in pieces:

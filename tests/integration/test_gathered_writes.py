@@ -36,6 +36,12 @@ def _app(pieces: Pieces):
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break
+        if scope["path"] == "/flood":      # many pieces in one turn, none awaited for
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+            for index in range(64):
+                await send({"type": "http.response.body", "body": bytes([index]) * 65536, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+            return
         if scope["path"] == "/stream":
             await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
             for piece in (b"one ", b"two ", b"three"):
@@ -148,4 +154,13 @@ async def test_pipelined_requests_are_answered_in_order(served) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(_post("/first", b"a") + _post("/second", b"bb") + _post("/large", b""))
     assert [(await _answer(reader))[2] for _ in range(3)] == [b"/first got 1 bytes", b"/second got 2 bytes", LARGE]
+    writer.close()
+
+
+async def test_a_flood_of_pieces_made_in_one_turn_arrives_whole_and_in_order(served) -> None:
+    port, _ = served
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
+    writer.write(_post("/flood", b""))
+    _, _, body = await _answer(reader)
+    assert body == b"".join(bytes([index]) * 65536 for index in range(64))
     writer.close()
