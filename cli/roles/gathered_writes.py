@@ -23,7 +23,8 @@ _SEND_AT = 65536
 
 
 class GatheredTransport:
-    """A connection's transport whose writes wait for the end of the loop's turn.
+    """A connection's transport whose writes wait for the answer to be complete, the end of the
+    loop's turn, or 64 KiB gathered, whichever comes first.
 
     Everything that ends or hands over the connection (``close``, ``set_protocol``) sends what is
     gathered first; ``abort`` drops it, as the transport's own ``abort`` drops its buffer."""
@@ -51,15 +52,20 @@ class GatheredTransport:
         for piece in pieces:
             self.write(piece)
 
-    def flush(self) -> None:
-        """Sends what was gathered (nothing once the connection is closing)."""
+    def _take_pending(self) -> tuple[list[bytes | bytearray | memoryview], int]:
+        """What was gathered, and its size; the gathering starts again empty."""
         pending, size = self._pending, self._size
-        if not pending:
-            return
         self._pending, self._size = [], 0
         if self._flushing is not None:
             self._flushing.cancel()
             self._flushing = None
+        return pending, size
+
+    def flush(self) -> None:
+        """Sends what was gathered (nothing once the connection is closing)."""
+        if not self._pending:
+            return
+        pending, size = self._take_pending()
         if self._transport.is_closing():
             return
         if len(pending) == 1:
@@ -74,10 +80,7 @@ class GatheredTransport:
         self._transport.close()
 
     def abort(self) -> None:
-        self._pending, self._size = [], 0
-        if self._flushing is not None:
-            self._flushing.cancel()
-            self._flushing = None
+        self._take_pending()
         self._transport.abort()
 
     def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from cli.roles.serving import Server, http_server, listen
+from tests.raw_http import read_answer, serve_lifespan
 from tests.waiting import async_eventually
 
 LARGE = bytes(range(256)) * 12_000   # 3 MB: goes out without being joined to its head
@@ -26,9 +27,7 @@ class Pieces:
 def _app(pieces: Pieces):
     async def app(scope: dict[str, Any], receive, send) -> None:
         if scope["type"] == "lifespan":
-            while (await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
+            await serve_lifespan(receive, send)
             return
         body = b""
         while True:
@@ -74,19 +73,6 @@ async def served() -> AsyncIterator[tuple[int, Pieces]]:
             await task
 
 
-async def _answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
-    """One response off the connection: status, headers, body (by length or chunks)."""
-    head = (await reader.readuntil(b"\r\n\r\n")).decode().split("\r\n")
-    headers = dict(line.lower().split(": ", 1) for line in head[1:] if line)
-    if "content-length" in headers:
-        return int(head[0].split()[1]), headers, await reader.readexactly(int(headers["content-length"]))
-    body = b""
-    while size := int((await reader.readuntil(b"\r\n")).strip(), 16):
-        body += await reader.readexactly(size)
-        await reader.readexactly(2)
-    await reader.readexactly(2)
-    return int(head[0].split()[1]), headers, body
-
 
 def _post(path: str, body: bytes, extra: bytes = b"") -> bytes:
     return b"POST %s HTTP/1.1\r\nhost: dilu\r\ncontent-length: %d\r\n%s\r\n" % (path.encode(), len(body), extra) + body
@@ -107,9 +93,9 @@ async def test_a_large_answer_arrives_whole_and_in_order(served) -> None:
     port, _ = served
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(_post("/large", b""))
-    assert (await _answer(reader))[2] == LARGE
+    assert (await read_answer(reader))[2] == LARGE
     writer.write(_post("/small", b"after"))
-    assert (await _answer(reader))[2] == b"/small got 5 bytes"
+    assert (await read_answer(reader))[2] == b"/small got 5 bytes"
     writer.close()
 
 
@@ -139,13 +125,13 @@ async def test_an_answer_before_close_is_sent_whole(served) -> None:
     writer.close()
 
 
-async def test_a_client_waiting_for_100_continue_gets_it_then_its_answer(served) -> None:
+async def test_a_client_waiting_for_100_continue_gets_it_then_itsread_answer(served) -> None:
     port, _ = served
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(b"POST /upload HTTP/1.1\r\nhost: dilu\r\ncontent-length: 4\r\nexpect: 100-continue\r\n\r\n")
     assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
     writer.write(b"data")
-    assert (await _answer(reader))[2] == b"/upload got 4 bytes"
+    assert (await read_answer(reader))[2] == b"/upload got 4 bytes"
     writer.close()
 
 
@@ -153,7 +139,7 @@ async def test_pipelined_requests_are_answered_in_order(served) -> None:
     port, _ = served
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(_post("/first", b"a") + _post("/second", b"bb") + _post("/large", b""))
-    assert [(await _answer(reader))[2] for _ in range(3)] == [b"/first got 1 bytes", b"/second got 2 bytes", LARGE]
+    assert [(await read_answer(reader))[2] for _ in range(3)] == [b"/first got 1 bytes", b"/second got 2 bytes", LARGE]
     writer.close()
 
 
@@ -161,6 +147,6 @@ async def test_a_flood_of_pieces_made_in_one_turn_arrives_whole_and_in_order(ser
     port, _ = served
     reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
     writer.write(_post("/flood", b""))
-    _, _, body = await _answer(reader)
+    _, _, body = await read_answer(reader)
     assert body == b"".join(bytes([index]) * 65536 for index in range(64))
     writer.close()

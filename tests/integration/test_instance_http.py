@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import uvicorn
 
+from tests.raw_http import read_answer, serve_lifespan
 from tests.waiting import async_eventually
 from worker.instance.http_protocol import HEAD_LIMIT, InstanceHttp
 
@@ -31,9 +32,7 @@ class Seen:
 def _app(seen: Seen):
     async def app(scope: dict[str, Any], receive, send) -> None:
         if scope["type"] == "lifespan":
-            while (await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
+            await serve_lifespan(receive, send)
             return
         message = await receive()
         path = scope["path"]
@@ -103,20 +102,6 @@ async def _connect(path: str) -> tuple[asyncio.StreamReader, asyncio.StreamWrite
     return await asyncio.open_unix_connection(path)
 
 
-async def _answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
-    """One response read off the connection: status, headers, body (by length or chunks)."""
-    head = (await reader.readuntil(b"\r\n\r\n")).decode().split("\r\n")
-    status = int(head[0].split()[1])
-    headers = dict(line.lower().split(": ", 1) for line in head[1:] if line)
-    if "content-length" in headers:
-        return status, headers, await reader.readexactly(int(headers["content-length"]))
-    body = b""
-    while size := int((await reader.readuntil(b"\r\n")).strip(), 16):
-        body += await reader.readexactly(size)
-        await reader.readexactly(2)
-    await reader.readexactly(2)
-    return status, headers, body
-
 
 def _post(path: str, body: bytes, extra: bytes = b"") -> bytes:
     return b"POST %s HTTP/1.1\r\nhost: instance\r\ncontent-length: %d\r\n%s\r\n" % (path.encode(), len(body), extra) \
@@ -131,7 +116,7 @@ async def test_a_body_sent_in_pieces_reaches_the_app_whole_in_one_buffer(served)
     for start in range(0, len(request), 300_001):     # pieces that cut the head from the body mid-way
         writer.write(request[start:start + 300_001])
         await writer.drain()
-    status, _, answer = await _answer(reader)
+    status, _, answer = await read_answer(reader)
     assert (status, answer) == (200, b"POST %d /infer" % len(body))
     assert seen.bodies[0] == body
     assert isinstance(seen.bodies[0], bytearray), "the buffer it was gathered in, not a copy of it"
@@ -143,10 +128,10 @@ async def test_requests_on_one_connection_are_answered_in_order_pipelined_or_not
     reader, writer = await _connect(path)
     writer.write(_post("/a", b"x" * 10))
     await writer.drain()
-    assert (await _answer(reader))[2] == b"POST 10 /a"
+    assert (await read_answer(reader))[2] == b"POST 10 /a"
     writer.write(_post("/b", b"yy") + b"GET /c HTTP/1.1\r\nhost: instance\r\n\r\n" + _post("/d", b""))
     await writer.drain()
-    answers = [(await _answer(reader))[2] for _ in range(3)]
+    answers = [(await read_answer(reader))[2] for _ in range(3)]
     assert answers == [b"POST 2 /b", b"GET 0 /c", b"POST 0 /d"]
     writer.close()
 
@@ -205,7 +190,7 @@ async def test_an_app_that_fails_or_answers_nothing_gives_a_500_and_a_closed_con
     reader, writer = await _connect(path)
     writer.write(_post(route, b""))
     await writer.drain()
-    status, headers, body = await _answer(reader)
+    status, headers, body = await read_answer(reader)
     assert (status, body, headers.get("connection")) == (500, b"Internal Server Error", "close")
     assert await reader.read() == b""
     writer.close()
@@ -222,7 +207,7 @@ async def test_shutdown_lets_the_answer_in_progress_finish_then_closes(served) -
         server.should_exit = True
         assert await idle_reader.read() == b"", "an idle connection closes at once"
         seen.release.set()
-        status, headers, body = await _answer(reader)
+        status, headers, body = await read_answer(reader)
         assert (status, body, headers.get("connection")) == (200, b"POST 3 /slow", "close")
         assert await reader.read() == b""
     writer.close()
@@ -237,7 +222,7 @@ async def test_an_expect_100_continue_is_answered_before_the_body(served) -> Non
     assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
     writer.write(b"data")
     await writer.drain()
-    assert (await _answer(reader))[2] == b"POST 4 /e"
+    assert (await read_answer(reader))[2] == b"POST 4 /e"
     writer.close()
 
 
@@ -258,7 +243,7 @@ async def test_without_the_key_route_a_request_is_refused_before_its_body(served
     reader, writer = await _connect(path)
     writer.write(_post("/i/the-key/infer", b"ok"))
     await writer.drain()
-    assert (await _answer(reader))[2] == b"POST 2 /i/the-key/infer"
+    assert (await read_answer(reader))[2] == b"POST 2 /i/the-key/infer"
     writer.close()
     for wrong in (b"/i/the-kez/infer", b"/i/the-key-longer/infer", b"/infer"):
         reader, writer = await _connect(path)
