@@ -33,6 +33,8 @@ from typing import Any
 
 import httptools
 
+from worker.instance.direct_writes import DIRECT_WRITES, DirectSink, Encoder, can_write_directly
+
 HEAD_LIMIT = 64 * 1024
 MAX_BODY_BYTES = 4 * 1024 ** 3   # the instance's own bound; the gateway's (DILU_MAX_REQUEST_BYTES) is lower
 _HEAD_END = b"\r\n\r\n"
@@ -123,6 +125,17 @@ class _Exchange:
             self.complete = True
             self.ended.set()
             connection.answered(self)
+
+    def direct_sink(self, encode: Encoder) -> DirectSink | None:
+        """The answer's socket for its chunks to be sent from another thread
+        (``worker.instance.direct_writes``), once its head has gone and while the loop has
+        nothing of it left to send; None otherwise. Offered to the app as the scope's
+        ``extensions[DIRECT_WRITES]``."""
+        connection = self.connection
+        if (not self.head_sent or not self.chunked or self.complete or self.disconnected
+                or connection.writing_paused or not can_write_directly(connection.transport)):
+            return None
+        return DirectSink(connection.transport, encode)
 
     def _head(self, length: int, more: bool) -> bytes:
         status, headers = self.started
@@ -261,6 +274,7 @@ class InstanceHttp(asyncio.Protocol):
             self._refuse(413 if length > 0 else 400, "content-length is not a size this instance takes")
             return
         self.exchange = _Exchange(self, self._scope(parser, head), parser.should_keep_alive())
+        self.exchange.scope["extensions"] = {DIRECT_WRITES: self.exchange.direct_sink}
         if fields.get(b"expect", b"").lower() == b"100-continue":
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         taken = min(len(self.head) - size, length)

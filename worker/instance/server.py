@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 
 from dilu.handler import progress_units
@@ -51,10 +51,12 @@ from dilu.instance_protocol import (
 )
 from worker.instance.batcher import Batcher, BatchError, BatchResult, HandedOver
 from worker.instance.codec import codec_for, loads
+from worker.instance.direct_writes import DIRECT_WRITES
 from worker.instance.gpu_requests import RequestSignal
 from worker.instance.loader import HandlerError, build_handler
 from worker.instance.metrics import InstanceMetrics
-from worker.instance.streams import Stream, StreamRunner, is_streaming, stream_body, whole_answer
+from worker.instance.stream_answer import StreamAnswer
+from worker.instance.streams import Stream, StreamRunner, chunk_encoder, is_streaming, stream_body, whole_answer
 
 if TYPE_CHECKING:   # imported lazily at run time: spares preload it
     import uvicorn
@@ -80,7 +82,7 @@ def _error(status: int, message: str) -> JSONResponse:
 
 def create_app(state: RuntimeState, lifespan: Callable[[Starlette], AbstractAsyncContextManager[None]] | None = None,
                prefix: str = "") -> InferFirst:
-    async def infer(request: Request) -> Response:
+    async def infer(request: Request) -> Response | StreamAnswer:
         if not state.ready.is_set() or (state.batcher is None and state.streams is None):
             return JSONResponse({"error": "instance is still loading", "loading": True}, status_code=503,
                                 headers={LOADING_HEADER: "1"})
@@ -102,7 +104,7 @@ def create_app(state: RuntimeState, lifespan: Callable[[Starlette], AbstractAsyn
             return _error(400, f"request body is not valid {'tensor frame' if framed else 'JSON'}: {exc}")
         started = time.perf_counter()
         if state.streams is not None and wants is not None:
-            return await _streamed(state, state.streams.submit(payload), wants)
+            return await _streamed(state, payload, wants, request)
         try:
             with state.gpu_requests.serving():
                 if state.streams is not None:
@@ -156,7 +158,8 @@ class InferFirst:
     lifespan) to ``app``. Starlette's middleware and routing layers cost a no-op inference about a
     sixth of the instance's Python time; what they add there (a 500 for an error) the server does itself."""
 
-    def __init__(self, app: Starlette, infer_path: str, infer: Callable[[Request], Awaitable[Response]]) -> None:
+    def __init__(self, app: Starlette, infer_path: str,
+                 infer: Callable[[Request], Awaitable[Response | StreamAnswer]]) -> None:
         self.app = app
         self._infer_path = infer_path
         self._infer = infer
@@ -220,9 +223,14 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def _streamed(state: RuntimeState, stream: Stream, kind: str) -> Response:
+async def _streamed(state: RuntimeState, payload: Any, kind: str, request: Request) -> Response | StreamAnswer:
     """The chunks as they come, once the first is made (a request refused before its first chunk
-    gets its error as a plain answer); a caller who leaves cancels its request at the next step."""
+    gets its error as a plain answer); a caller who leaves cancels its request at the next step.
+    Where the server offers it, the chunks after the first are sent by the runner's thread
+    (``worker.instance.direct_writes``)."""
+    direct = request.scope.get("extensions", {}).get(DIRECT_WRITES)
+    encode = chunk_encoder(kind)
+    stream = state.streams.submit(payload, direct=direct is not None)
     pieces = stream_body(stream, kind)
     try:
         with state.gpu_requests.serving():
@@ -240,17 +248,22 @@ async def _streamed(state: RuntimeState, stream: Stream, kind: str) -> Response:
     async def relay() -> AsyncIterator[bytes]:
         try:
             with state.gpu_requests.serving():
-                yield first
+                yield first     # sent by now, with the head: the runner may send what follows
+                if direct is not None:
+                    stream.decide_route(lambda: direct(encode))
                 async for piece in pieces:
                     yield piece
         finally:
             stream.cancel()
+            stream.close_sink()
 
     body = relay()
     # A response dropped before it was sent never starts its body, whose finally would not run.
     weakref.finalize(body, stream.cancel)
-    return StreamingResponse(body, media_type=STREAM_TYPES[kind],
-                             headers={"cache-control": "no-cache", "x-dilu-instance": state.config.instance_id})
+    media_type = STREAM_TYPES[kind]
+    return StreamAnswer(body, {"content-type": f"{media_type}; charset=utf-8" if media_type.startswith("text/")
+                               else media_type, "cache-control": "no-cache",
+                               "x-dilu-instance": state.config.instance_id})
 
 
 async def _whole(state: RuntimeState, stream: Stream) -> BatchResult:

@@ -22,6 +22,7 @@ that many chunks of the instance's memory, and never its handler's time.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import sys
 import threading
@@ -35,6 +36,7 @@ from typing import Any
 from dilu.handler import InputError, Last
 from dilu.instance_protocol import stream_done, stream_error
 from worker.instance.batcher import BatchError, HandedOver, as_error
+from worker.instance.direct_writes import DirectSink
 from worker.instance.failures import HandlerFailures
 
 _END = object()
@@ -46,7 +48,16 @@ def is_streaming(handler: Any) -> bool:
     return callable(getattr(handler, "start", None)) and callable(getattr(handler, "step", None))
 
 
-@dataclass
+# What the runner's thread hands the event loop after a step: (stream, CHUNK, a chunk),
+# (stream, END, None), (stream, FAILED, the error that ends it) or (stream, STALLED, the error:
+# its waiting chunks are dropped first).
+CHUNK, END, FAILED, STALLED = range(4)
+Delivery = tuple["Stream", int, Any]
+# How a stream's chunks after its first reach its caller (Stream.route).
+UNDECIDED, DIRECT, THROUGH_LOOP = range(3)
+
+
+@dataclass(eq=False)
 class Stream:
     """One request's chunks as they are made; ``cancel()`` when its caller leaves.
 
@@ -62,6 +73,12 @@ class Stream:
     full_since: float | None = None       # the runner's clock when it became full, unread since
     full_at_read: int = 0                 # chunks_read then (the runner's thread alone writes these two)
     on_read: Callable[[], None] = lambda: None    # its runner's wake-up: room again, or a slot freed
+    chunks_sent_directly: int = 0         # of chunks_made, those the runner's thread sent itself (its alone)
+    route: int = THROUGH_LOOP             # or UNDECIDED until its answer's head is sent, then either
+    sink: DirectSink | None = None        # with DIRECT: sent through on the runner's thread, under _lock
+    first_handed: bool = False            # its first chunk has gone to the loop (the runner's thread alone)
+    held: list[Delivery] = field(default_factory=list)   # made while UNDECIDED (the runner's thread alone)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
     _queue: asyncio.Queue = field(default_factory=asyncio.Queue)
 
     def cancel(self) -> None:
@@ -71,7 +88,52 @@ class Stream:
     @property
     def full(self) -> bool:
         """Whether its caller has left as many chunks unread as a stream may hold."""
-        return self.chunks_made - self.chunks_read >= MAX_WAITING_CHUNKS
+        return self.chunks_made - self.chunks_sent_directly - self.chunks_read >= MAX_WAITING_CHUNKS
+
+    def decide_route(self, make_sink: Callable[[], DirectSink | None]) -> None:
+        """Once its answer's head and first chunk are sent: the chunks after it go through
+        ``make_sink()``'s sink from the runner's thread, or through the loop where it gives none.
+        On the loop; the runner is woken to pass on what it held meanwhile."""
+        with self._lock:
+            self.sink = None if self.cancelled else make_sink()
+            self.route = DIRECT if self.sink is not None else THROUGH_LOOP
+        self.on_read()
+
+    def close_sink(self) -> None:
+        """Ends direct sending (the answer is over); on the loop."""
+        with self._lock:
+            if self.sink is not None:
+                self.sink.close()
+
+    def pass_on(self, delivery: Delivery) -> list[Delivery]:
+        """What of ``delivery`` (this stream's) the loop must take, in order; a chunk that can go
+        through the sink goes now. The first chunk and all before it are the loop's, which decides
+        the answer by it; what comes after it waits until the route is decided. On the runner's thread."""
+        kind = delivery[1]
+        if kind == STALLED:       # its waiting chunks are dropped: the held ones too
+            self.held.clear()
+            return [delivery]
+        if not self.first_handed:
+            self.first_handed = kind == CHUNK
+            return [delivery]
+        if self.route == UNDECIDED and not self.cancelled:
+            self.held.append(delivery)
+            return []
+        return self.release_held() + self._through(delivery)
+
+    def release_held(self) -> list[Delivery]:
+        """What was held, sent or for the loop, once the route is decided (the runner's thread)."""
+        held, self.held = self.held, []
+        return [out for delivery in held for out in self._through(delivery)]
+
+    def _through(self, delivery: Delivery) -> list[Delivery]:
+        if delivery[1] == CHUNK and self.route == DIRECT:
+            with self._lock:
+                sink = self.sink
+                if sink is not None and sink.active and sink.send(delivery[2]):
+                    self.chunks_sent_directly += 1
+                    return []
+        return [delivery]
 
     def put(self, chunk: Any) -> None:
         """Queues a chunk already counted in ``chunks_made`` (on the event loop)."""
@@ -113,11 +175,6 @@ class Stream:
             yield item
 
 
-# What the runner's thread hands the event loop after a step: (stream, CHUNK, a chunk),
-# (stream, END, None), (stream, FAILED, the error that ends it) or (stream, STALLED, the error:
-# its waiting chunks are dropped first).
-CHUNK, END, FAILED, STALLED = range(4)
-Delivery = tuple[Stream, int, Any]
 
 
 class StreamRunner:
@@ -139,6 +196,7 @@ class StreamRunner:
         self._wake = threading.Event()   # a full stream was read, a request arrived, or the runner stops
         self._stopping = False
         self.stalled = 0                 # streams ended because their callers stopped reading
+        self._holding: set[Stream] = set()   # streams holding deliveries until their route is decided
 
     def queued(self) -> int:
         """Streams waiting for a slot in the running batch."""
@@ -158,8 +216,10 @@ class StreamRunner:
                 stream.end(HandedOver())
                 count += 1
 
-    def submit(self, request: Any) -> Stream:
-        stream = Stream(on_read=self._wake.set)
+    def submit(self, request: Any, direct: bool = False) -> Stream:
+        """``request``'s stream; ``direct``: its chunks after the first may be sent from the
+        runner's thread, once its caller has decided so (``Stream.decide_route``)."""
+        stream = Stream(on_read=self._wake.set, route=UNDECIDED if direct else THROUGH_LOOP)
         self._waiting.append((stream, request))
         self._wake.set()
         return stream
@@ -190,10 +250,27 @@ class StreamRunner:
             if ready:
                 held = [pair for pair in running if pair[0].full]
                 running = self._step(ready, delivered) + held
-            if delivered:
-                loop.call_soon_threadsafe(_deliver, delivered)
-            if not ready:   # nothing to step: wait for a request, a read, or the first full stream to stall
+            for_loop = self._pass_on(delivered)
+            if for_loop:
+                loop.call_soon_threadsafe(_deliver, for_loop)
+            # Nothing to step: wait for a request, a read, or the first full stream to stall (unless
+            # passing on what a stream held has made room in it).
+            if not ready and all(stream.full for stream, _ in running):
                 self._wake.wait(self._next_stall(running) if running else None)
+
+    def _pass_on(self, delivered: list[Delivery]) -> list[Delivery]:
+        """What of a pass's deliveries the loop must take, with what streams held until their
+        route was decided (``Stream.pass_on``); the rest is sent from this thread."""
+        for_loop: list[Delivery] = []
+        for stream in [stream for stream in self._holding if stream.route != UNDECIDED or stream.cancelled]:
+            self._holding.discard(stream)
+            for_loop += stream.release_held()
+        for delivery in delivered:
+            stream = delivery[0]
+            for_loop += stream.pass_on(delivery)
+            if stream.held:
+                self._holding.add(stream)
+        return for_loop
 
     def _end_stalled(self, running: list[tuple[Stream, Any]],
                      delivered: list[Delivery]) -> list[tuple[Stream, Any]]:
@@ -287,6 +364,11 @@ def _encode(kind: str, document: Any) -> bytes:
     return f"data: {text}\n\n".encode() if kind == "sse" else f"{text}\n".encode()
 
 
+def chunk_encoder(kind: str) -> Callable[[Any], bytes]:
+    """How a chunk is framed in a ``kind`` stream (for a ``DirectSink``)."""
+    return functools.partial(_encode, kind)
+
+
 async def stream_body(stream: Stream, kind: str) -> AsyncIterator[bytes]:
     """The chunks as server-sent events (``data: <json>``) or JSON lines, then the stream's
     terminator (``dilu.instance_protocol.stream_done``): a finished stream's, or a failure's
@@ -302,4 +384,4 @@ async def stream_body(stream: Stream, kind: str) -> AsyncIterator[bytes]:
     except BatchError as exc:
         yield stream_error(kind, str(exc), exc.status)
         return
-    yield stream_done(kind, sent)
+    yield stream_done(kind, sent + stream.chunks_sent_directly)
