@@ -9,6 +9,7 @@ instance did not finish ends with an error frame, never as if it had.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -18,7 +19,7 @@ import orjson
 from dilu.instance_protocol import FRAME_ENDS, STREAM_TYPES, ends_stream, stream_ending, stream_error
 from gateway.dashboard.view import LatencyWindow
 from gateway.forward import InstanceFailed, InstanceTimeout, Streamed
-from gateway.metrics import STREAM_FIRST, STREAM_GAP, STREAMS_CUT
+from gateway.metrics import ABANDONED, STREAM_FIRST, STREAM_GAP, STREAMS_CUT
 
 
 class StreamTimes:
@@ -100,6 +101,9 @@ class Relay:
                 yield self._cut("silent", f"the instance sent nothing for {self._idle_s:g} s", 504)
         except InstanceFailed as exc:
             yield self._cut("failed", f"the instance failed mid-stream: {exc}", 502)
+        except asyncio.CancelledError:
+            ABANDONED.labels(self._function, "in_flight").inc()   # its caller left mid-stream (gateway.abandon)
+            raise
         finally:
             self.close()
 

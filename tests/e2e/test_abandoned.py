@@ -119,6 +119,18 @@ def _text_inputs(max_tokens: int) -> list[dict]:
              "data": [json.dumps({"max_tokens": max_tokens})]}]
 
 
+def test_a_stream_left_after_its_first_event_is_counted_abandoned_and_stops(start_platform, tmp_path) -> None:
+    platform = _one_slot_generator(start_platform, tmp_path)
+    with platform.http.stream("POST", "/v1/functions/slow-stream/invoke", json={"max_new_tokens": 1000},
+                              headers={"accept": "text/event-stream"}) as stream:
+        assert next(stream.iter_lines()).startswith("data: "), "the stream has begun"
+    abandoned = 'dilu_gateway_requests_abandoned_total{function="slow-stream",stage="in_flight"}'
+    eventually(lambda: _metric(platform.http.get("/metrics").text, abandoned) == 1.0, timeout=30,
+               what="the stream its caller left counted abandoned")
+    after = platform.http.post("/v1/functions/slow-stream/invoke", json={"max_new_tokens": 2})
+    assert after.status_code == 200 and after.json()["text"] == "xx", after.text
+
+
 def test_a_v2_inference_whose_caller_left_stops_its_generation(start_platform, tmp_path) -> None:
     platform = _one_slot_generator(start_platform, tmp_path)
     connection = platform.send_unread("/v2/models/slow-stream/infer", {"inputs": _text_inputs(1000)})
