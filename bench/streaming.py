@@ -8,7 +8,8 @@ and straight at the instance's endpoint. Prints time to first token and time bet
 through the handler's own start()/step() with the same batch (no platform): the limit. Ratios
 are printed side by side, and the platform's added time split into the instance's part and the
 gateway's. Each round repeats a level until it has at least 24 streams, so that time to first
-token at one stream is a median of enough samples to compare.
+token at one stream is a median of enough samples to compare; the three paths take turns, round
+by round, so that this machine's drift over a run falls on each alike.
 
     python bench/streaming.py [--tokens 32] [--streams 1,8,32] [--rounds 3]
 
@@ -129,14 +130,17 @@ def main() -> None:
         for streams in (int(n) for n in args.streams.split(",")):
             rows = {}
             repeats = max(1, -(-24 // streams))
-            for path in ("platform", "instance", "in-process"):
-                firsts, gaps, rates = [], [], []
-                for _ in range(args.rounds * repeats):
+            paths = ("platform", "instance", "in-process")
+            seen: dict[str, tuple[list[float], list[float], list[float]]] = {path: ([], [], []) for path in paths}
+            for _ in range(args.rounds * repeats):
+                for path in paths:    # in turn, round by round: the machine's drift falls on all three alike
                     f, g, r = (asyncio.run(level(urls[path], streams, args.tokens)) if path in urls
                                else in_process(streams, args.tokens))
-                    firsts += f
-                    gaps += g
-                    rates.append(r)
+                    seen[path][0].extend(f)
+                    seen[path][1].extend(g)
+                    seen[path][2].append(r)
+            for path in paths:
+                firsts, gaps, rates = seen[path]
                 rows[path] = (statistics.median(firsts) * 1000, statistics.median(gaps) * 1000,
                               statistics.median(rates))
                 print(f"{streams:>7} {path:>9} {rows[path][0]:>10.2f} {percentile(firsts, 0.99) * 1000:>10.2f} "
