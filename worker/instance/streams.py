@@ -10,6 +10,11 @@ batching) instead of waiting for the batch to finish, and a caller who leaves fr
 within one step. The loop of steps runs on the handler's thread, not the event loop: a step
 follows the last at once, while the event loop sends the last one's chunks.
 
+Once a streamed answer's head and first chunk are sent, the runner's thread sends the chunks
+after it itself, while the caller's socket takes them whole (``worker.instance.direct_writes``):
+the loop's thread is not woken per step. What the runner makes before that is decided waits in
+its stream, in order (``Stream.pass_on``).
+
 A ``start`` that raises fails that request only; a ``step`` that raises fails every request in
 the batch (a step is one call for all of them, so there is no telling which one broke it).
 
@@ -173,8 +178,6 @@ class Stream:
             if was_full:
                 self.on_read()
             yield item
-
-
 
 
 class StreamRunner:
