@@ -4,8 +4,14 @@ byte: the app's lifespan, and reading one answer off a connection."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
+
+import uvicorn
+
+from tests.waiting import async_eventually
 
 
 async def serve_lifespan(receive: Callable[[], Awaitable[dict[str, Any]]],
@@ -29,3 +35,23 @@ async def read_answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]
         await reader.readexactly(2)
     await reader.readexactly(2)
     return status, headers, body
+
+
+@asynccontextmanager
+async def serving_on_unix_socket(config: uvicorn.Config, path: str) -> AsyncIterator[None]:
+    """A real uvicorn server of ``config`` listening on the Unix socket ``path`` until the block
+    ends; then it stops as on SIGTERM, letting answers in flight finish."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve(sockets=[listener]))
+
+    async def started() -> bool:
+        return server.started
+    await async_eventually(started, timeout=30, interval=0.01, what="the server to listen")
+    try:
+        yield
+    finally:
+        server.should_exit = True
+        async with asyncio.timeout(30):
+            await task

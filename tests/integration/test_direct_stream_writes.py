@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -15,11 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 
 from dilu import Last
 from dilu.instance_protocol import InstanceConfig
-from tests.raw_http import read_answer
+from tests.raw_http import read_answer, serving_on_unix_socket
 from tests.waiting import async_eventually
 from worker.instance import direct_writes
 from worker.instance.server import RuntimeState, _uvicorn_config, create_app
@@ -66,20 +64,8 @@ async def instance(tmp_path: Path) -> AsyncIterator[tuple[str, Numbers]]:
         steps.cancel()
 
     path = str(tmp_path / "instance.sock")
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    server = uvicorn.Server(_uvicorn_config(create_app(state, lifespan, PREFIX), PREFIX))
-    task = asyncio.create_task(server.serve(sockets=[listener]))
-
-    async def started() -> bool:
-        return server.started
-    await async_eventually(started, timeout=30, interval=0.01, what="the instance to listen")
-    try:
+    async with serving_on_unix_socket(_uvicorn_config(create_app(state, lifespan, PREFIX), PREFIX), path):
         yield path, handler
-    finally:
-        server.should_exit = True
-        async with asyncio.timeout(30):
-            await task
 
 
 @pytest.fixture

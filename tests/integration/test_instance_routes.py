@@ -6,17 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 
 from dilu.instance_protocol import InstanceConfig
-from tests.waiting import async_eventually
+from tests.raw_http import serving_on_unix_socket
 from worker.instance.batcher import Batcher
 from worker.instance.server import RuntimeState, _uvicorn_config, create_app
 
@@ -41,20 +39,8 @@ async def instance(tmp_path: Path) -> AsyncIterator[tuple[str, RuntimeState]]:
         batches.cancel()
 
     path = str(tmp_path / "instance.sock")
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    server = uvicorn.Server(_uvicorn_config(create_app(state, lifespan, PREFIX), PREFIX))
-    task = asyncio.create_task(server.serve(sockets=[listener]))
-
-    async def started() -> bool:
-        return server.started
-    await async_eventually(started, timeout=30, interval=0.01, what="the instance to listen")
-    try:
+    async with serving_on_unix_socket(_uvicorn_config(create_app(state, lifespan, PREFIX), PREFIX), path):
         yield path, state
-    finally:
-        server.should_exit = True
-        async with asyncio.timeout(30):
-            await task
 
 
 async def _ask(path: str, method: str, route: str, body: bytes = b"") -> tuple[int, dict[str, str], bytes]:
